@@ -1,0 +1,52 @@
+"""celery-pglock: run each Celery periodic task once, across any number of replicas.
+
+PostgreSQL advisory locks (freed by the server the moment their session ends), a durable
+per-slot run ledger, a server-enforced lease for frozen holders, and fencing tokens.
+"""
+
+from __future__ import annotations
+
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    LockLost,
+    PgLockError,
+    SchemaMissing,
+    StaleToken,
+    TaskSkipped,
+)
+from celery_pglock.fencing import fence
+from celery_pglock.keys import lock_key
+from celery_pglock.schema import Tables
+from celery_pglock.signals import beat_leader_changed, lock_acquired, lock_lost, task_skipped
+from celery_pglock.states import SKIPPED
+from celery_pglock.task import PgLockMixin, PgLockTask
+
+__version__ = "0.1.0"
+
+
+def migration_sql(schema: str = "public", table_prefix: str = "pglock_") -> str:
+    """The SQL that creates celery-pglock's tables, for a DBA to review and apply."""
+    return Tables(schema, table_prefix).full_schema_sql()
+
+
+__all__ = [
+    "SKIPPED",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "LockLost",
+    "PgLockError",
+    "PgLockMixin",
+    "PgLockTask",
+    "SchemaMissing",
+    "StaleToken",
+    "TaskSkipped",
+    "__version__",
+    "beat_leader_changed",
+    "fence",
+    "lock_acquired",
+    "lock_key",
+    "lock_lost",
+    "migration_sql",
+    "task_skipped",
+]

@@ -1,0 +1,240 @@
+"""Settings: read once from ``app.conf.pglock_*`` (and task attributes) into frozen dataclasses."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg.conninfo
+
+from celery_pglock.errors import ConfigurationError
+
+Scope = Literal["session", "transaction"]
+OnDbError = Literal["retry", "fail", "run"]
+
+SCOPES: tuple[Scope, ...] = ("session", "transaction")
+ON_DB_ERROR: tuple[OnDbError, ...] = ("retry", "fail", "run")
+
+#: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
+APP_DEFAULTS: Mapping[str, Any] = {
+    "pglock_dsn": None,
+    "pglock_schema": "public",
+    "pglock_table_prefix": "pglock_",
+    "pglock_auto_migrate": True,
+    "pglock_pool_size": 4,
+    "pglock_connect_timeout": 5.0,
+    # Task option defaults (each may also be set per task as a task attribute).
+    "pglock_key": None,
+    "pglock_namespace": None,
+    "pglock_scope": "session",
+    "pglock_slot": None,
+    "pglock_lease": 30.0,
+    "pglock_scheduled_only": False,
+    "pglock_on_db_error": "retry",
+    "pglock_db_max_retries": 10,
+    # Beat.
+    "pglock_beat_leader": True,
+    "pglock_beat_lease": 5.0,
+    "pglock_beat_align_intervals": True,
+    "pglock_beat_resend_after": 30.0,
+    "pglock_beat_max_interval": 1.0,
+    # Operations.
+    "pglock_ledger_retention": None,
+}
+
+TASK_OPTIONS = (
+    "pglock_key",
+    "pglock_namespace",
+    "pglock_scope",
+    "pglock_slot",
+    "pglock_lease",
+    "pglock_scheduled_only",
+    "pglock_on_db_error",
+    "pglock_db_max_retries",
+)
+
+_PASSWORD_IN_URL = re.compile(r"(://[^:/?#@]*:)([^@/?#]*)(@)")
+_PASSWORD_IN_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_SQLALCHEMY_DRIVER = re.compile(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """Replace every password in ``text`` (URL or key=value form) with ``***``."""
+    text = _PASSWORD_IN_URL.sub(r"\1***\3", text)
+    return _PASSWORD_IN_KV.sub(r"\1***", text)
+
+
+def normalize_dsn(dsn: str) -> str:
+    """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as libpq ones."""
+    return _SQLALCHEMY_DRIVER.sub(r"\1://", dsn.strip())
+
+
+def check_dsn(dsn: str) -> str:
+    """Return ``dsn`` normalized, or raise ``ConfigurationError`` saying what is wrong."""
+    dsn = normalize_dsn(dsn)
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigurationError(
+            f"pglock_dsn {redact(dsn)!r} is not a valid PostgreSQL connection string; "
+            "expected e.g. 'postgresql://user@host:5432/dbname'"
+        ) from None
+    return dsn
+
+
+def resolve_dsn(conf: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str:
+    """The DSN from ``pglock_dsn``, else ``$PGLOCK_DSN``, else ``$DATABASE_URL``."""
+    dsn = conf.get("pglock_dsn") or environ.get("PGLOCK_DSN") or environ.get("DATABASE_URL")
+    if callable(dsn):
+        dsn = dsn()
+    if not dsn:
+        raise ConfigurationError(
+            "celery-pglock has no PostgreSQL to talk to: set app.conf.pglock_dsn = "
+            "'postgresql://user@host/dbname', or the environment variable PGLOCK_DSN"
+        )
+    if not isinstance(dsn, str):
+        raise ConfigurationError(f"pglock_dsn must be a str, got {type(dsn).__name__}")
+    return check_dsn(dsn)
+
+
+def check_unknown_settings(names: Any, known: Any = APP_DEFAULTS) -> None:
+    """Raise on a ``pglock_*`` name that is not a setting, suggesting the closest one."""
+    for name in names:
+        if not isinstance(name, str) or not name.lower().startswith("pglock_"):
+            continue
+        if name.lower() in known:
+            continue
+        close = difflib.get_close_matches(name.lower(), list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigurationError(f"unknown celery-pglock setting {name!r}{hint}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """App-wide settings: where the tables live and how to connect."""
+
+    dsn: str
+    schema: str = "public"
+    table_prefix: str = "pglock_"
+    auto_migrate: bool = True
+    pool_size: int = 4
+    connect_timeout: float = 5.0
+
+    def __repr__(self) -> str:
+        return (
+            f"Settings(dsn={redact(self.dsn)!r}, schema={self.schema!r}, "
+            f"table_prefix={self.table_prefix!r}, auto_migrate={self.auto_migrate})"
+        )
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
+        check_unknown_settings(conf.keys())
+        value = _conf_getter(conf)
+        return cls(
+            dsn=resolve_dsn(conf),
+            schema=_text(value("pglock_schema"), "pglock_schema"),
+            table_prefix=_text(value("pglock_table_prefix"), "pglock_table_prefix", empty=True),
+            auto_migrate=bool(value("pglock_auto_migrate")),
+            pool_size=_positive(value("pglock_pool_size"), "pglock_pool_size", int),
+            connect_timeout=_positive(value("pglock_connect_timeout"), "pglock_connect_timeout"),
+        )
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How one task is locked, resolved from task attributes over app-wide defaults."""
+
+    key: str | Callable[..., str] | None
+    namespace: str
+    scope: Scope
+    slot: str | Callable[..., Any] | None
+    lease: float | None
+    scheduled_only: bool
+    on_db_error: OnDbError
+    db_max_retries: int
+
+    @classmethod
+    def resolve(cls, task: Any, conf: Mapping[str, Any], app_name: str | None) -> TaskOptions:
+        value = _task_getter(task, conf)
+        scope = value("pglock_scope")
+        if scope not in SCOPES:
+            raise ConfigurationError(
+                f"{task.name}: pglock_scope must be 'session' or 'transaction', got {scope!r}"
+            )
+        on_db_error = value("pglock_on_db_error")
+        if on_db_error not in ON_DB_ERROR:
+            raise ConfigurationError(
+                f"{task.name}: pglock_on_db_error must be one of {ON_DB_ERROR}, got {on_db_error!r}"
+            )
+        return cls(
+            key=_key_option(value("pglock_key"), task.name),
+            namespace=value("pglock_namespace") or app_name or "celery",
+            scope=scope,
+            slot=_slot_option(value("pglock_slot"), task.name),
+            lease=_lease(value("pglock_lease"), task.name),
+            scheduled_only=bool(value("pglock_scheduled_only")),
+            on_db_error=on_db_error,
+            db_max_retries=_positive(value("pglock_db_max_retries"), "pglock_db_max_retries", int),
+        )
+
+
+def _conf_getter(conf: Mapping[str, Any]) -> Callable[[str], Any]:
+    def value(name: str) -> Any:
+        found = conf.get(name)
+        return APP_DEFAULTS[name] if found is None else found
+
+    return value
+
+
+def _task_getter(task: Any, conf: Mapping[str, Any]) -> Callable[[str], Any]:
+    app_value = _conf_getter(conf)
+
+    def value(name: str) -> Any:
+        found = getattr(task, name, None)
+        return app_value(name) if found is None else found
+
+    return value
+
+
+def _key_option(key: Any, task_name: str) -> str | Callable[..., str] | None:
+    if key is None or callable(key) or (isinstance(key, str) and key):
+        return key  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"{task_name}: pglock_key must be a non-empty str or a callable of the task's "
+        f"arguments, got {key!r}"
+    )
+
+
+def _slot_option(slot: Any, task_name: str) -> str | Callable[..., Any] | None:
+    if slot is None or slot == "message" or callable(slot):
+        return slot  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"{task_name}: pglock_slot must be None, 'message' (use the task id) or a callable "
+        f"of the task's arguments returning the slot, got {slot!r}"
+    )
+
+
+def _lease(lease: Any, task_name: str) -> float | None:
+    if lease in (0, False):
+        return None  # lease explicitly turned off
+    return float(_positive(lease, f"{task_name}: pglock_lease"))
+
+
+def _positive(value: Any, name: str, kind: type = float) -> Any:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name} must be a positive number, got {value!r}") from None
+    if number <= 0:
+        raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
+    return number
+
+
+def _text(value: Any, name: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty) or "\x00" in value:
+        raise ConfigurationError(f"{name} must be a non-empty str without NUL, got {value!r}")
+    return value

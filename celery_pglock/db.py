@@ -1,0 +1,255 @@
+"""Connections: one pool per process (created after fork), schema creation, error translation.
+
+A connection inherited across ``fork()`` still points at the parent's server session;
+closing it in the child would end that session and silently free the parent's advisory
+locks. So pools are never shared across processes: after a fork the child abandons the
+inherited pools (kept referenced, never closed or finalized) and builds its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import weakref
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from celery_pglock import schema
+from celery_pglock.config import Settings, redact
+from celery_pglock.errors import DatabaseUnavailable, SchemaMissing
+from celery_pglock.keys import lock_key
+
+logger = logging.getLogger("celery_pglock")
+
+Connection = psycopg.Connection[Any]
+
+IDLE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
+LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14
+HOSTNAME = socket.gethostname()
+
+_pools: dict[Settings, Database] = {}
+_abandoned: list[Database] = []  # inherited across fork: must never be closed here
+_pools_lock = threading.Lock()
+
+
+def application_name(role: str = "") -> str:
+    """What ``pg_stat_activity`` shows for our connections (PostgreSQL keeps 63 bytes)."""
+    name = f"celery-pglock{role} {os.getpid()}@{HOSTNAME}"
+    return name.encode()[:63].decode("utf-8", "ignore")
+
+
+def connect_kwargs(settings: Settings) -> dict[str, Any]:
+    """libpq options for every connection: fail fast, detect dead peers."""
+    timeout = max(1, round(settings.connect_timeout))
+    return {
+        "autocommit": True,
+        "connect_timeout": timeout,
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 3,
+        "keepalives_count": 3,
+        "application_name": application_name(),
+    }
+
+
+def translate_error(exc: BaseException, settings: Settings) -> DatabaseUnavailable:
+    """A ``DatabaseUnavailable`` naming the server (never the password) and the cause."""
+    cause = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    return DatabaseUnavailable(
+        f"cannot use PostgreSQL at {redact(settings.dsn)!r}: {cause}. Check pglock_dsn "
+        "(or PGLOCK_DSN), that the server is running and that this host may connect."
+    )
+
+
+def connect(settings: Settings, **overrides: Any) -> Connection:
+    """A new, unpooled connection (CLI, beat leader, start-up checks)."""
+    try:
+        return psycopg.connect(settings.dsn, **{**connect_kwargs(settings), **overrides})
+    except psycopg.Error as exc:
+        raise translate_error(exc, settings) from None
+
+
+class Database:
+    """This process's pool for one ``Settings``, plus what we learned about the server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tables = schema.Tables(settings.schema, settings.table_prefix)
+        self.pid = os.getpid()
+        self._clean: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        self.server_version = 0
+        # What the role/database configured (a DBA may set these); restored after a run.
+        self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
+        self.pool = ConnectionPool(
+            settings.dsn,
+            kwargs=connect_kwargs(settings),
+            min_size=1,
+            max_size=max(1, settings.pool_size),
+            open=False,
+            reset=self._reset,
+            configure=self._configure,
+            timeout=settings.connect_timeout,
+            name=f"celery-pglock-{os.getpid()}",
+        )
+
+    @property
+    def lease_supported(self) -> bool:
+        return self.server_version >= LEASE_MIN_SERVER_VERSION
+
+    def open(self) -> None:
+        """Open the pool and make sure the schema exists; raise a clear error if we cannot."""
+        with connect(self.settings) as conn:
+            self._learn_server(conn)
+            self.ensure_schema(conn)
+        self.pool.open(wait=False)
+
+    def getconn(self) -> Connection:
+        """A connection for one locked execution; give it back with ``putconn``."""
+        try:
+            return self.pool.getconn()
+        except PoolTimeout:
+            raise DatabaseUnavailable(
+                f"no PostgreSQL connection within {self.settings.connect_timeout:.1f} s "
+                f"(server {redact(self.settings.dsn)!r} down, or more concurrent locked "
+                "tasks than pglock_pool_size)"
+            ) from None
+
+    def putconn(self, conn: Connection, *, clean: bool) -> None:
+        """Return ``conn``; ``clean`` says our release statement already freed its locks."""
+        if clean:
+            self._clean.add(conn)
+        self.pool.putconn(conn)
+
+    def ensure_schema(self, conn: Connection) -> None:
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if not self._schema_ready:
+                ensure_schema(conn, self.tables, auto_migrate=self.settings.auto_migrate)
+                self._schema_ready = True
+
+    def close(self) -> None:
+        if self.pid == os.getpid():
+            self.pool.close(timeout=2)
+
+    def _configure(self, conn: Connection) -> None:
+        self.server_version = conn.info.server_version
+
+    def _learn_server(self, conn: Connection) -> None:
+        self.server_version = conn.info.server_version
+        for name in self.idle_defaults:
+            if name == "idle_session_timeout" and not self.lease_supported:
+                continue
+            row = conn.execute(SHOW_SETTING_SQL, {"name": name}).fetchone()
+            self.idle_defaults[name] = row[0] if row else "0"
+
+    def _reset(self, conn: Connection) -> None:
+        # The release statement already unlocked and disarmed the lease; only a connection
+        # returned on an error path needs the full reset (one extra round trip).
+        if conn in self._clean:
+            self._clean.discard(conn)
+            return
+        conn.execute(RESET_SQL if self.lease_supported else RESET_SQL_PRE14)
+
+
+RESET_SQL = (
+    "SELECT pg_advisory_unlock_all(); "
+    "SET idle_in_transaction_session_timeout = DEFAULT; "
+    "SET idle_session_timeout = DEFAULT"
+)
+RESET_SQL_PRE14 = (
+    "SELECT pg_advisory_unlock_all(); SET idle_in_transaction_session_timeout = DEFAULT"
+)
+SHOW_SETTING_SQL = "SELECT current_setting(%(name)s)"
+
+
+def database(settings: Settings) -> Database:
+    """This process's ``Database`` for ``settings``, opened on first use."""
+    found = _pools.get(settings)
+    if found is not None and found.pid == os.getpid():
+        return found
+    with _pools_lock:
+        found = _pools.get(settings)
+        if found is None or found.pid != os.getpid():
+            found = Database(settings)
+            found.open()
+            _pools[settings] = found
+        return found
+
+
+def close_all() -> None:
+    """Close this process's pools (worker_process_shutdown, tests)."""
+    with _pools_lock:
+        for db in list(_pools.values()):
+            db.close()
+        _pools.clear()
+
+
+def _forget_inherited_pools() -> None:
+    # Runs in the child right after fork: keep the parent's pools alive but unused.
+    _abandoned.extend(_pools.values())
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_pools)
+
+
+def migration_key(tables: schema.Tables) -> int:
+    return lock_key(f"celery-pglock:migrate:{tables.schema}.{tables.prefix}")
+
+
+def current_version(conn: Connection, tables: schema.Tables) -> int | None:
+    """The applied schema version, or None when our tables do not exist."""
+    qualified = tables.table("schema_version").as_string()
+    exists = conn.execute(schema.VERSION_TABLE_EXISTS_SQL, {"table": qualified}).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(tables.render(schema.CURRENT_VERSION_SQL)).fetchone()
+    return row[0] if row else None
+
+
+def ensure_schema(conn: Connection, tables: schema.Tables, *, auto_migrate: bool) -> None:
+    """Create or upgrade our tables (under an advisory lock), or say how to."""
+    version = current_version(conn, tables)
+    if version is not None and version >= schema.latest_version():
+        return
+    if not auto_migrate:
+        raise SchemaMissing(
+            f"celery-pglock tables in schema {tables.schema!r} are missing or outdated "
+            f"(version {version}, need {schema.latest_version()}) and pglock_auto_migrate is "
+            "off: run `celery -A proj pglock migrate`, or have a DBA apply the SQL printed by "
+            "`celery -A proj pglock migrate --sql`"
+        )
+    migrate(conn, tables)
+
+
+def migrate(conn: Connection, tables: schema.Tables) -> list[int]:
+    """Apply missing migrations in one transaction; concurrent callers wait, then no-op."""
+    applied: list[int] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": migration_key(tables)})
+        exists = conn.execute(schema.SCHEMA_EXISTS_SQL, {"schema": tables.schema}).fetchone()
+        if not exists or not exists[0]:
+            conn.execute(tables.render(schema.CREATE_SCHEMA_SQL))
+        conn.execute(tables.render(schema.VERSION_TABLE_SQL))
+        done = current_version(conn, tables) or 0
+        for version, _ in schema.migrations():
+            if version > done:
+                conn.execute(tables.migration_sql(version).encode())
+                conn.execute(tables.render(schema.RECORD_VERSION_SQL), {"version": version})
+                applied.append(version)
+    if applied:
+        logger.info(
+            "celery-pglock schema %s migrated to version %d",
+            sql.Identifier(tables.schema).as_string(),
+            applied[-1],
+            extra={"action": "pglock_schema_migrated", "versions": applied},
+        )
+    return applied

@@ -1,0 +1,60 @@
+"""The exception root of celery-pglock.
+
+Losing a race is an outcome, not an error: a skipped duplicate is reported as the
+``SKIPPED`` state, never raised at the caller. These exceptions are for what a user
+must fix or handle: bad configuration, an unreachable database, a lost lock, a stale
+fencing token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PgLockError(Exception):
+    """Something in celery-pglock went wrong; the message says what to fix."""
+
+
+class ConfigurationError(PgLockError):
+    """A setting is missing or invalid; the message names the setting and the fix."""
+
+
+class DatabaseUnavailable(PgLockError):
+    """PostgreSQL could not be reached or refused the connection (password never shown)."""
+
+
+class SchemaMissing(ConfigurationError):
+    """The tables are missing and ``pglock_auto_migrate`` is off."""
+
+
+class LockLost(PgLockError):
+    """The holder's lock was taken away (lease expired, session terminated)."""
+
+
+class StaleToken(PgLockError):
+    """A write carried a fencing token older than one already accepted for the resource.
+
+    The holder that got this was superseded: a newer holder already wrote.
+    """
+
+    def __init__(self, resource: str, token: int, newest: int | None = None) -> None:
+        self.resource = resource
+        self.token = token
+        self.newest = newest
+        newer = f" (newest accepted: {newest})" if newest is not None else ""
+        super().__init__(
+            f"fencing token {token} for {resource!r} is stale{newer}: a newer lock holder "
+            "already wrote; abandon this write"
+        )
+
+
+class TaskSkipped(PgLockError):
+    """Raised inside a task body to skip the run; reported like a duplicate skip.
+
+    ``reason`` is a short machine-readable word; ``meta`` extra detail for the result.
+    """
+
+    def __init__(self, reason: str = "skipped", **meta: Any) -> None:
+        self.reason = reason
+        self.meta = meta
+        super().__init__(f"task skipped: {reason}")

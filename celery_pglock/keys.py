@@ -1,0 +1,65 @@
+"""Lock names and the 64-bit advisory lock keys derived from them.
+
+The key is the first 8 bytes of the SHA-256 digest of the UTF-8 lock name, read as a
+big-endian signed 64-bit integer. It is stable across processes, Python versions and
+languages; in SQL (PostgreSQL >= 11) the same number is::
+
+    SELECT ('x' || left(encode(sha256(convert_to(:name, 'UTF8')), 'hex'), 16))::bit(64)::bigint;
+
+Python's ``hash()`` is never used: it is salted per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+MAX_LOCK_NAME_BYTES = 4096
+
+
+def lock_key(name: str) -> int:
+    """Return the advisory lock key (signed 64-bit) for ``name``."""
+    check_lock_name(name)
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def check_lock_name(name: object) -> str:
+    """Return ``name`` if it can be stored and hashed, else raise a ``ValueError`` that says why."""
+    if not isinstance(name, str):
+        raise TypeError(f"a lock name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ValueError("a lock name must not be empty")
+    if "\x00" in name:
+        raise ValueError("a lock name must not contain NUL characters (PostgreSQL text cannot)")
+    if len(name.encode("utf-8")) > MAX_LOCK_NAME_BYTES:
+        raise ValueError(f"a lock name must be at most {MAX_LOCK_NAME_BYTES} bytes in UTF-8")
+    return name
+
+
+def default_lock_name(namespace: str, task_name: str) -> str:
+    """The lock name of a task that does not set ``pglock_key``."""
+    return f"{namespace}:{task_name}"
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """The ``(classid, objid)`` pair under which ``pg_locks`` shows a bigint advisory lock."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
+MAX_SLOT_BYTES = 1024
+
+
+def check_slot(slot: object) -> str:
+    """Return ``slot`` if it is a usable slot id, else raise an error naming the problem."""
+    if not isinstance(slot, str):
+        raise TypeError(
+            f"a slot must be a str (e.g. an ISO date or a business key), got {type(slot).__name__}"
+        )
+    if not slot:
+        raise ValueError("a slot must not be empty")
+    if "\x00" in slot:
+        raise ValueError("a slot must not contain NUL characters (PostgreSQL text cannot)")
+    if len(slot.encode("utf-8")) > MAX_SLOT_BYTES:
+        raise ValueError(f"a slot must be at most {MAX_SLOT_BYTES} bytes in UTF-8")
+    return slot

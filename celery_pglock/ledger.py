@@ -1,0 +1,169 @@
+"""The run ledger: one durable row per (lock name, slot), and the log of skipped messages.
+
+The claim itself happens in the same statement as the advisory lock (see ``locks``); this
+module records outcomes and skips and turns rows into the meta a skipped task reports.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from celery_pglock.db import HOSTNAME, Connection, Database
+from celery_pglock.keys import split_key
+
+MAX_REASON_LENGTH = 500
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One attempt to run under a lock: what is locked and who asks."""
+
+    lock_name: str
+    key: int
+    slot: str | None
+    task_id: str | None
+    task_name: str | None
+    host: str = HOSTNAME
+    pid: int = 0
+
+    def params(self) -> dict[str, Any]:
+        classid, objid = split_key(self.key)
+        return {
+            "lock_name": self.lock_name,
+            "key": self.key,
+            "slot": self.slot,
+            "task_id": self.task_id,
+            "task_name": self.task_name,
+            "host": self.host,
+            "pid": self.pid or os.getpid(),
+            "classid": classid,
+            "objid": objid,
+        }
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Why a message did not run, with who holds the lock or ran the slot."""
+
+    reason: str
+    lock: str
+    slot: str | None
+    holder: dict[str, Any] | None
+    token: int | None
+
+    def meta(self) -> dict[str, Any]:
+        """What the result backend stores for the ``SKIPPED`` state (JSON-serializable)."""
+        return {
+            "reason": self.reason,
+            "lock": self.lock,
+            "slot": self.slot,
+            "holder": self.holder,
+            "token": self.token,
+        }
+
+
+def short_reason(text: str) -> str:
+    return text if len(text) <= MAX_REASON_LENGTH else text[: MAX_REASON_LENGTH - 1] + "…"
+
+
+def log_skip(conn: Connection, db: Database, claim: Claim, reason: str, *, held: str) -> Skip:
+    """Append the skip to the log and explain it. ``held`` is the SQL that frees our lock."""
+    query = db.tables.query("skip", unlock=held)
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query, {**claim.params(), "reason": reason}).fetchone()
+    assert row is not None  # the statement always returns one row
+    return skip_from_row(claim, row)
+
+
+def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:
+    reason = row["reason"]
+    holder: dict[str, Any] | None
+    if reason == "done":
+        holder = _who_ran(row)
+        token = row["run_token"]
+    else:
+        holder = _live_holder(row)
+        token = row["holder_token"]
+    return Skip(reason=reason, lock=claim.lock_name, slot=claim.slot, holder=holder, token=token)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _who_ran(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "host": row["run_host"],
+        "pid": row["run_pid"],
+        "task_id": row["run_task_id"],
+        "since": None,
+        "finished": _iso(row["run_finished_at"]),
+    }
+
+
+def _live_holder(row: dict[str, Any]) -> dict[str, Any] | None:
+    if row["backend_pid"] is None:
+        return None  # the holder finished between our try and this look-up
+    if row["holder_task_id"] is not None or row["holder_host"] is not None:
+        return {
+            "host": row["holder_host"],
+            "pid": row["holder_pid"],
+            "task_id": row["holder_task_id"],
+            "since": _iso(row["holder_since"]),
+            "slot": row["holder_slot"],
+        }
+    # A transaction-scope holder: its rows are not committed, its application_name says who.
+    return {**parse_application_name(row["application_name"]), "since": _iso(row["xact_start"])}
+
+
+def holder_application_name(task_id: str | None, pid: int, host: str) -> str:
+    """``pglock <pid> <task id> <host>``, cut to PostgreSQL's 63 bytes."""
+    name = f"pglock {pid} {task_id or '-'} {host}"
+    return name.encode()[:63].decode("utf-8", "ignore")
+
+
+def parse_application_name(name: str | None) -> dict[str, Any]:
+    parts = (name or "").split(" ", 3)
+    if len(parts) < 3 or parts[0] != "pglock":
+        return {"host": None, "pid": None, "task_id": None}
+    host = parts[3] if len(parts) > 3 else None
+    task_id = None if parts[2] == "-" else parts[2]
+    return {"host": host, "pid": int(parts[1]) if parts[1].isdigit() else None, "task_id": task_id}
+
+
+def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: str | None) -> bool:
+    """Record an attempt's outcome on a fresh connection (its own one broke).
+
+    Only succeeds if no later attempt took the row over; returns whether it did.
+    """
+    if claim.slot is None:
+        return False
+    params = {**claim.params(), "token": token, "state": state, "reason": reason}
+    with db.pool.connection() as conn:
+        return conn.execute(db.tables.query("record_outcome"), params).fetchone() is not None
+
+
+def record_failure_after_rollback(
+    conn: Connection, db: Database, claim: Claim, token: int, reason: str
+) -> None:
+    """Transaction scope: the claim rolled back with the body; keep the failed attempt."""
+    if claim.slot is None:
+        return
+    params = {**claim.params(), "token": token, "reason": short_reason(reason)}
+    with conn.transaction():
+        conn.execute(db.tables.query("record_failure_after_rollback"), params)
+
+
+def run_state(conn: Connection, db: Database, lock_name: str, slot: str) -> dict[str, Any] | None:
+    """The ledger row of one run, as a dict (or None)."""
+    query = db.tables.render("SELECT * FROM {runs} WHERE lock_name = %(n)s AND slot = %(s)s")
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, {"n": lock_name, "s": slot}).fetchone()

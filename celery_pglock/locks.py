@@ -1,0 +1,285 @@
+"""Advisory locks with a server-enforced lease, and the heartbeat that keeps leases alive.
+
+``acquire`` takes the lock, a fencing token and the ledger claim in one round trip and
+returns a ``Lease`` (granted) or a ``Skip`` (why not). ``release`` records the outcome and
+frees the lock in one more round trip.
+
+The lease: while a holder runs, its lock connection has ``idle_session_timeout`` (session
+scope) or ``idle_in_transaction_session_timeout`` (transaction scope) set to the lease, and
+a heartbeat pings it. A holder that stops responding (SIGSTOP, GC pause, partition) goes
+idle, the server ends its session and so frees its lock; on waking, its next ping fails and
+the lease is marked lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from celery_pglock import signals
+from celery_pglock.config import Scope
+from celery_pglock.db import Connection, Database, application_name, translate_error
+from celery_pglock.errors import LockLost
+from celery_pglock.ledger import (
+    Claim,
+    Skip,
+    holder_application_name,
+    log_skip,
+    record_outcome,
+    short_reason,
+)
+
+logger = logging.getLogger("celery_pglock")
+
+TRY_LOCK = {"session": "pg_try_advisory_lock", "transaction": "pg_try_advisory_xact_lock"}
+UNLOCK = {"session": "pg_advisory_unlock(%(key)s)", "transaction": "NULL"}
+ARM_SESSION_LEASE = "set_config('idle_session_timeout', %(lease_ms)s, false)"
+# is_local=true: PostgreSQL reverts it when the transaction ends, no disarm needed.
+ARM_TRANSACTION_LEASE = "set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)"
+DISARM_SESSION_LEASE = "set_config('idle_session_timeout', %(idle_default)s, false)"
+PING_SQL = "SELECT 1"
+MIN_PING_INTERVAL = 0.2
+
+
+@dataclass
+class Lease:
+    """A granted lock: what the task sees as ``self.pglock``."""
+
+    claim: Claim
+    scope: Scope
+    connection: Connection
+    token: int
+    attempts: int | None
+    lease: float | None
+    lost_cause: str | None = None
+    last_ping: float = field(default_factory=time.monotonic)
+
+    @property
+    def lock(self) -> str:
+        return self.claim.lock_name
+
+    @property
+    def slot(self) -> str | None:
+        return self.claim.slot
+
+    @property
+    def lost(self) -> bool:
+        """True once we know the server took the lock away."""
+        return self.lost_cause is not None
+
+    def check(self) -> None:
+        """Raise ``LockLost`` unless the lock is still held (asks the server now)."""
+        if not self.lost:
+            ping(self)
+        if self.lost:
+            raise LockLost(
+                f"lock {self.lock!r} (token {self.token}) was lost: {self.lost_cause}; "
+                "a newer holder may be running, abandon the work"
+            )
+
+    def mark_lost(self, cause: str) -> None:
+        if self.lost:
+            return
+        self.lost_cause = cause
+        logger.warning(
+            "lost lock %r (slot %s, token %d): %s",
+            self.lock,
+            self.slot,
+            self.token,
+            cause,
+            extra={"action": "pglock_lock_lost", "lock": self.lock, "slot": self.slot},
+        )
+        signals.lock_lost.send(
+            sender=None, lock=self.lock, slot=self.slot, token=self.token, cause=cause
+        )
+
+
+def ping(lease: Lease) -> None:
+    """One heartbeat; marks the lease lost if the server ended the session."""
+    conn = lease.connection
+    # Never wait behind the task's own query (transaction scope): a busy connection is
+    # not idle, so the server will not end it.
+    if not conn.lock.acquire(blocking=False):
+        return
+    conn.lock.release()
+    try:
+        conn.execute(PING_SQL)
+        lease.last_ping = time.monotonic()
+    except psycopg.OperationalError as exc:
+        lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+    except psycopg.Error:
+        pass  # e.g. the task's transaction is aborted: the session, and the lock, live on
+
+
+class Heartbeat:
+    """One thread per process pings every active lease at a third of its length."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._leases: dict[int, Lease] = {}
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="pglock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def register(self, lease: Lease) -> None:
+        with self._wake:
+            self._leases[id(lease)] = lease
+            self._wake.notify()
+
+    def unregister(self, lease: Lease) -> None:
+        with self._wake:
+            self._leases.pop(id(lease), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait(timeout=self._next_wait())
+                due = [lease for lease in self._leases.values() if _due(lease)]
+            for lease in due:
+                ping(lease)
+
+    def _next_wait(self) -> float | None:
+        if not self._leases:
+            return None
+        now = time.monotonic()
+        waits = (_interval(lease) - (now - lease.last_ping) for lease in self._leases.values())
+        return max(0.0, min(waits))
+
+
+def _interval(lease: Lease) -> float:
+    return max(MIN_PING_INTERVAL, (lease.lease or 60.0) / 3)
+
+
+def _due(lease: Lease) -> bool:
+    return not lease.lost and time.monotonic() - lease.last_ping >= _interval(lease) * 0.95
+
+
+_heartbeat: Heartbeat | None = None
+_heartbeat_lock = threading.Lock()
+
+
+def heartbeat() -> Heartbeat:
+    """This process's heartbeat thread (threads do not survive fork: one per pid)."""
+    global _heartbeat  # noqa: PLW0603 - per-process singleton, recreated after fork
+    with _heartbeat_lock:
+        if _heartbeat is None or _heartbeat.pid != os.getpid():
+            _heartbeat = Heartbeat()
+        return _heartbeat
+
+
+def _fragments(db: Database, scope: Scope, lease: float | None) -> dict[str, str]:
+    armed = lease is not None and (scope == "transaction" or db.lease_supported)
+    arm = ARM_SESSION_LEASE if scope == "session" else ARM_TRANSACTION_LEASE
+    return {"try_lock": TRY_LOCK[scope], "arm_lease": arm if armed else "NULL"}
+
+
+def acquire(db: Database, claim: Claim, scope: Scope, lease: float | None) -> Lease | Skip:
+    """Try the lock and claim the slot; a ``Lease`` to run under, or the ``Skip`` why not."""
+    params = {
+        **claim.params(),
+        "lease_ms": str(round(lease * 1000)) if lease else "0",
+        "application_name": holder_application_name(claim.task_id, os.getpid(), claim.host),
+    }
+    query = db.tables.query("acquire", **_fragments(db, scope, lease))
+    conn, row = _execute_acquire(db, query, params, scope)
+    acquired, token, attempts = row
+    if acquired and (claim.slot is None or attempts is not None):
+        granted = Lease(claim, scope, conn, token, attempts, lease)
+        if lease is not None:
+            heartbeat().register(granted)
+        return granted
+    return _skip(db, conn, claim, scope, held=bool(acquired))
+
+
+def _execute_acquire(
+    db: Database, query: bytes, params: dict[str, Any], scope: Scope
+) -> tuple[Connection, tuple[Any, ...]]:
+    # A pooled connection may have died while idle (server restart, a DBA's
+    # idle_session_timeout): such a failure is retried once on a fresh connection.
+    for attempt in range(2):
+        conn = db.getconn()
+        try:
+            conn.autocommit = scope == "session"
+            row = conn.execute(query, params).fetchone()
+            assert row is not None
+            return conn, row
+        except psycopg.OperationalError as exc:
+            db.putconn(conn, clean=False)
+            if attempt == 1 or not conn.closed:
+                raise translate_error(exc, db.settings) from None
+        except BaseException:
+            db.putconn(conn, clean=False)
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _skip(db: Database, conn: Connection, claim: Claim, scope: Scope, *, held: bool) -> Skip:
+    unlock = UNLOCK[scope] if held else "NULL"
+    try:
+        skip = log_skip(conn, db, claim, "locked", held=unlock)
+        if scope == "transaction":
+            conn.commit()
+    except psycopg.Error as exc:
+        db.putconn(conn, clean=False)
+        raise translate_error(exc, db.settings) from None
+    # Held and then freed: the lease was armed, so let the pool's reset disarm it.
+    db.putconn(conn, clean=not held or scope == "transaction")
+    return skip
+
+
+@dataclass(frozen=True)
+class Released:
+    recorded: bool
+    lost: bool
+
+
+def release(db: Database, lease: Lease, state: str, reason: str | None = None) -> Released:
+    """Record the attempt's outcome and free the lock; says if the lock was lost."""
+    if lease.lease is not None:
+        heartbeat().unregister(lease)
+    conn = lease.connection
+    params = {
+        **lease.claim.params(),
+        "token": lease.token,
+        "state": state,
+        "reason": short_reason(reason) if reason else None,
+        "idle_default": db.idle_defaults["idle_session_timeout"],
+        "idle_application_name": application_name(),
+    }
+    disarm = DISARM_SESSION_LEASE if lease.scope == "session" and db.lease_supported else "NULL"
+    query = db.tables.query("release", unlock=UNLOCK[lease.scope], disarm_lease=disarm)
+    try:
+        row = conn.execute(query, params).fetchone()
+        if lease.scope == "transaction":
+            conn.commit()
+    except psycopg.Error as exc:
+        db.putconn(conn, clean=False)
+        if not isinstance(exc, psycopg.OperationalError):
+            raise
+        lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
+        return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
+    db.putconn(conn, clean=True)
+    return Released(recorded=bool(row and row[0]), lost=lease.lost)
+
+
+def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None) -> bool:
+    """The lock's connection broke at the end: keep the outcome if nobody took over."""
+    if lease.claim.slot is None or lease.scope == "transaction":
+        return False  # transaction scope: the outcome rolled back with the body
+    try:
+        return record_outcome(db, lease.claim, lease.token, state, reason)
+    except (psycopg.Error, OSError):
+        return False
+
+
+def abandon(db: Database, lease: Lease) -> None:
+    """Give the connection back after the body's transaction failed (transaction scope)."""
+    if lease.lease is not None:
+        heartbeat().unregister(lease)
+    db.putconn(lease.connection, clean=False)

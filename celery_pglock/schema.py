@@ -1,0 +1,123 @@
+"""SQL text: the packaged migrations and named queries, rendered for one schema and prefix.
+
+Identifiers (schema, table names) only ever enter SQL through ``psycopg.sql.Identifier``;
+values only as bound parameters. Rendered queries are cached as bytes per ``Tables``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache, cached_property
+from importlib import resources
+
+from psycopg import sql
+
+from celery_pglock.errors import ConfigurationError
+
+TABLES = ("runs", "tokens", "fences", "holders", "skips", "beat", "schema_version")
+INDEXES = ("runs_updated_idx", "skips_run_idx", "skips_at_idx")
+MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
+
+_QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_\w+\.sql$")
+
+
+@cache
+def _read(name: str) -> str:
+    return resources.files("celery_pglock").joinpath("sql").joinpath(name).read_text("utf-8")
+
+
+@cache
+def query_texts() -> dict[str, str]:
+    """Every named query in ``sql/queries.sql`` and ``sql/beat_queries.sql``, by name."""
+    texts: dict[str, str] = {}
+    for filename in ("queries.sql", "beat_queries.sql"):
+        if resources.files("celery_pglock").joinpath("sql").joinpath(filename).is_file():
+            parts = _QUERY_HEADER.split(_read(filename))
+            texts.update(zip(parts[1::2], (body.strip() for body in parts[2::2]), strict=True))
+    return texts
+
+
+@cache
+def migrations() -> tuple[tuple[int, str], ...]:
+    """``(version, filename)`` of every packaged migration, in order."""
+    folder = resources.files("celery_pglock").joinpath("sql")
+    found = (_MIGRATION_FILE.match(entry.name) for entry in folder.iterdir())
+    return tuple(sorted((int(m.group(1)), m.group(0)) for m in found if m))
+
+
+def latest_version() -> int:
+    return migrations()[-1][0]
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Where celery-pglock's tables live: a schema and a table-name prefix."""
+
+    schema: str = "public"
+    prefix: str = "pglock_"
+
+    def __post_init__(self) -> None:
+        if len(self.prefix.encode()) > MAX_PREFIX_LENGTH:
+            raise ConfigurationError(
+                f"pglock_table_prefix must be at most {MAX_PREFIX_LENGTH} bytes, "
+                f"got {self.prefix!r}"
+            )
+        if not self.schema or len(self.schema.encode()) > 63:
+            raise ConfigurationError(f"pglock_schema must be 1 to 63 bytes, got {self.schema!r}")
+
+    def table(self, name: str) -> sql.Identifier:
+        """The schema-qualified identifier of one of our tables or sequences."""
+        return sql.Identifier(self.schema, self.prefix + name)
+
+    @cached_property
+    def identifiers(self) -> dict[str, sql.Composable]:
+        names: dict[str, sql.Composable] = {name: self.table(name) for name in TABLES}
+        names.update({name: sql.Identifier(self.prefix + name) for name in INDEXES})
+        names["tokens_regclass"] = sql.Literal(self.table("tokens").as_string())
+        names["schema"] = sql.Identifier(self.schema)
+        return names
+
+    def render(self, text: str, **fragments: sql.Composable) -> bytes:
+        """``text`` with our identifiers and the given fragments filled in, as bytes."""
+        composed = sql.SQL(text).format(**self.identifiers, **fragments)
+        return composed.as_string().encode("utf-8")
+
+    def query(self, name: str, **fragments: str) -> bytes:
+        """A named query; ``fragments`` are SQL constants from our own code, never input."""
+        return self._query(name, tuple(sorted(fragments.items())))
+
+    @cache  # noqa: B019 - Tables are few, frozen and live as long as the process
+    def _query(self, name: str, fragments: tuple[tuple[str, str], ...]) -> bytes:
+        parts = {key: sql.SQL(text) for key, text in fragments}
+        return self.render(query_texts()[name], **parts)
+
+    def migration_sql(self, version: int) -> str:
+        """The SQL of one migration with identifiers filled in."""
+        filename = dict(migrations())[version]
+        return self.render(_read(filename)).decode("utf-8")
+
+    def full_schema_sql(self) -> str:
+        """Everything ``migrate`` would run on an empty database, for a DBA to review."""
+        parts = [self.render(CREATE_SCHEMA_SQL).decode(), self.render(VERSION_TABLE_SQL).decode()]
+        for version, _ in migrations():
+            parts.append(self.migration_sql(version))
+            parts.append(
+                self.render(RECORD_VERSION_SQL.replace("%(version)s", str(version))).decode()
+            )
+        return "\n".join(part.strip() + "\n" for part in parts)
+
+
+CREATE_SCHEMA_SQL = "CREATE SCHEMA IF NOT EXISTS {schema};"
+VERSION_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS {schema_version} (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);"""
+RECORD_VERSION_SQL = (
+    "INSERT INTO {schema_version} (version) VALUES (%(version)s) ON CONFLICT DO NOTHING;"
+)
+CURRENT_VERSION_SQL = "SELECT max(version) FROM {schema_version}"
+SCHEMA_EXISTS_SQL = "SELECT to_regnamespace(%(schema)s) IS NOT NULL"
+VERSION_TABLE_EXISTS_SQL = "SELECT to_regclass(%(table)s) IS NOT NULL"

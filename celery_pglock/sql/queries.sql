@@ -1,0 +1,125 @@
+-- Named queries of celery-pglock. `-- name: X` starts a query; braces are identifiers
+-- (tables) or fragments chosen by the caller; %(x)s are bound parameters.
+
+-- name: acquire
+-- One round trip: try the advisory lock; if granted, take a fencing token, arm the
+-- lease, record the holder and claim the ledger row (a succeeded slot is never claimed).
+WITH lock AS (
+    SELECT {try_lock}(%(key)s) AS acquired
+), granted AS (
+    SELECT nextval({tokens_regclass}) AS token,
+           set_config('application_name', %(application_name)s, false) AS application_name,
+           {arm_lease} AS lease
+    FROM lock WHERE acquired
+), holder AS (
+    INSERT INTO {holders} AS h (lock_key, lock_name, slot, task_id, host, pid, backend_pid, token)
+    SELECT %(key)s, %(lock_name)s, %(slot)s, %(task_id)s, %(host)s, %(pid)s, pg_backend_pid(), token
+    FROM granted
+    ON CONFLICT (lock_key) DO UPDATE
+        SET lock_name = EXCLUDED.lock_name, slot = EXCLUDED.slot, task_id = EXCLUDED.task_id,
+            host = EXCLUDED.host, pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid,
+            token = EXCLUDED.token, since = now()
+    RETURNING token
+), claim AS (
+    INSERT INTO {runs} AS r (lock_name, slot, lock_key, state, attempts, token, task_id,
+                             task_name, host, pid, backend_pid, started_at)
+    SELECT %(lock_name)s, %(slot)s, %(key)s, 'running', 1, token, %(task_id)s,
+           %(task_name)s, %(host)s, %(pid)s, pg_backend_pid(), now()
+    FROM granted WHERE %(slot)s::text IS NOT NULL
+    ON CONFLICT (lock_name, slot) DO UPDATE
+        SET state = 'running', attempts = r.attempts + 1, token = EXCLUDED.token,
+            task_id = EXCLUDED.task_id, task_name = EXCLUDED.task_name, host = EXCLUDED.host,
+            pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid, started_at = now(),
+            finished_at = NULL, reason = NULL, updated_at = now()
+        WHERE r.state <> 'succeeded'
+    RETURNING attempts
+)
+SELECT (SELECT acquired FROM lock) AS acquired,
+       (SELECT token FROM holder) AS token,
+       (SELECT attempts FROM claim) AS attempts;
+
+-- name: release
+-- One round trip: record the outcome (only if this attempt still owns the row) and
+-- free the lock; disarm the lease so the pooled connection may idle.
+WITH done AS (
+    UPDATE {runs}
+       SET state = %(state)s, reason = %(reason)s, finished_at = now(), updated_at = now()
+     WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s
+       AND state = 'running'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM done) AS recorded,
+       {unlock} AS released,
+       {disarm_lease} AS lease,
+       set_config('application_name', %(idle_application_name)s, false) AS application_name;
+
+-- name: record_outcome
+-- After the lock's connection broke: record the outcome on a fresh connection, but only
+-- if no later attempt took the row over (same token, still running).
+UPDATE {runs}
+   SET state = %(state)s, reason = %(reason)s, finished_at = now(), updated_at = now()
+ WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s AND state = 'running'
+RETURNING 1;
+
+-- name: record_failure_after_rollback
+-- Transaction scope: the attempt's claim rolled back with the body; record the failed
+-- attempt unless another attempt has since claimed or completed the slot.
+INSERT INTO {runs} AS r (lock_name, slot, lock_key, state, attempts, token, task_id, task_name,
+                         host, pid, started_at, finished_at, reason)
+VALUES (%(lock_name)s, %(slot)s, %(key)s, 'failed', 1, %(token)s, %(task_id)s, %(task_name)s,
+        %(host)s, %(pid)s, now(), now(), %(reason)s)
+ON CONFLICT (lock_name, slot) DO UPDATE
+    SET state = 'failed', attempts = r.attempts + 1, token = EXCLUDED.token,
+        task_id = EXCLUDED.task_id, host = EXCLUDED.host, pid = EXCLUDED.pid,
+        started_at = EXCLUDED.started_at, finished_at = now(), reason = EXCLUDED.reason,
+        updated_at = now()
+    WHERE r.state IN ('scheduled', 'failed');
+
+-- name: skip
+-- Log a skipped message and return what explains it: the slot's run, and the live
+-- holder of the lock (from the holders table, or from pg_stat_activity for a
+-- transaction-scope holder whose rows are not committed yet). Frees the lock first
+-- when this attempt held it (the slot turned out to be done).
+WITH released AS (
+    SELECT {unlock} AS released
+), run AS (
+    SELECT state, token, task_id, host, pid, started_at, finished_at
+      FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(slot)s
+), holder AS (
+    SELECT l.pid AS backend_pid, a.application_name, a.xact_start,
+           h.task_id, h.host, h.pid, h.since, h.token, h.slot
+      FROM pg_locks l
+      JOIN pg_stat_activity a ON a.pid = l.pid
+      LEFT JOIN {holders} h ON h.lock_key = %(key)s AND h.backend_pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+       AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+       AND l.pid <> pg_backend_pid()
+     LIMIT 1
+), logged AS (
+    INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
+    SELECT %(lock_name)s, %(slot)s,
+           CASE WHEN (SELECT state FROM run) = 'succeeded' THEN 'done' ELSE %(reason)s END,
+           %(task_id)s, %(task_name)s, %(host)s, %(pid)s,
+           coalesce((SELECT task_id FROM holder), (SELECT task_id FROM run))
+    RETURNING reason
+)
+SELECT (SELECT reason FROM logged) AS reason,
+       (SELECT released FROM released) AS released,
+       run.state AS run_state, run.token AS run_token, run.task_id AS run_task_id,
+       run.host AS run_host, run.pid AS run_pid, run.finished_at AS run_finished_at,
+       holder.backend_pid, holder.application_name, holder.xact_start,
+       holder.task_id AS holder_task_id, holder.host AS holder_host, holder.pid AS holder_pid,
+       holder.since AS holder_since, holder.token AS holder_token, holder.slot AS holder_slot
+  FROM (SELECT 1) AS one
+  LEFT JOIN run ON true
+  LEFT JOIN holder ON true;
+
+-- name: fence
+-- Accept a write with `token` for `resource` unless a larger token already wrote.
+INSERT INTO {fences} AS f (resource, token) VALUES (%(resource)s, %(token)s)
+ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
+    WHERE f.token <= EXCLUDED.token
+RETURNING token;
+
+-- name: fence_newest
+SELECT token FROM {fences} WHERE resource = %(resource)s;

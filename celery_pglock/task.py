@@ -1,0 +1,306 @@
+"""``PgLockMixin`` / ``PgLockTask``: run each (lock name, slot) once, skip duplicates loudly.
+
+The tracer calls ``Task.__call__`` (not ``run``) when a class overrides it, so wrapping
+``__call__`` in try/finally is the one hook that surrounds the body and always releases;
+``after_return`` is skipped on ``retry()``, ``Ignore`` and ``Reject``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any, ClassVar, NoReturn
+
+from celery import Celery, Task, bootsteps
+from celery import signals as celery_signals
+from celery.exceptions import Ignore
+
+from celery_pglock import signals
+from celery_pglock.config import Settings, TaskOptions
+from celery_pglock.db import HOSTNAME, Database, close_all, connect, database, ensure_schema
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    LockLost,
+    PgLockError,
+    TaskSkipped,
+)
+from celery_pglock.keys import check_lock_name, check_slot, default_lock_name, lock_key
+from celery_pglock.ledger import FAILED, SUCCEEDED, Claim, Skip, record_failure_after_rollback
+from celery_pglock.locks import Lease, abandon, acquire, release
+from celery_pglock.schema import Tables
+from celery_pglock.states import SKIPPED
+
+logger = logging.getLogger("celery_pglock")
+
+SLOT_HEADER = "pglock_slot"
+ENTRY_HEADER = "pglock_entry"
+MAX_DB_RETRY_COUNTDOWN = 60.0
+
+_settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
+
+
+def app_settings(app: Celery) -> Settings:
+    """The app's settings, read once from ``app.conf``."""
+    found = _settings.get(app)
+    if found is None:
+        found = _settings[app] = Settings.from_conf(app.conf)
+    return found
+
+
+class PgLockMixin:
+    """Adds PostgreSQL locking to a Task class; put it before ``Task`` in the bases.
+
+    Options are task attributes (``@app.task(pglock_scope="transaction")``) and default to
+    ``app.conf.pglock_*``: ``pglock_key``, ``pglock_namespace``, ``pglock_scope``,
+    ``pglock_slot``, ``pglock_lease``, ``pglock_scheduled_only``, ``pglock_on_db_error``,
+    ``pglock_db_max_retries``.
+    """
+
+    pglock_key: ClassVar[str | Callable[..., str] | None] = None
+    pglock_namespace: ClassVar[str | None] = None
+    pglock_scope: ClassVar[str | None] = None
+    pglock_slot: ClassVar[str | Callable[..., Any] | None] = None
+    pglock_lease: ClassVar[float | None] = None
+    pglock_scheduled_only: ClassVar[bool | None] = None
+    pglock_on_db_error: ClassVar[str | None] = None
+    pglock_db_max_retries: ClassVar[int | None] = None
+
+    _pglock_options: TaskOptions | None = None
+
+    # Provided by celery.Task.
+    app: Celery
+    name: str
+    request: Any
+    update_state: Callable[..., None]
+    send_event: Callable[..., None]
+    retry: Callable[..., Any]
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        super().on_bound(app)  # type: ignore[misc]
+        app.steps["worker"].add(StartupCheck)
+
+    @property
+    def pglock(self) -> Lease | None:
+        """The lock of the execution running in this thread (None when unlocked)."""
+        return getattr(self.request, "pglock", None)
+
+    def pglock_options(self) -> TaskOptions:
+        if self._pglock_options is None:
+            self._pglock_options = TaskOptions.resolve(self, self.app.conf, self.app.main)
+        return self._pglock_options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        options = self.pglock_options()
+        slot = self._pglock_slot(options, args, kwargs)
+        if slot is None and options.scheduled_only:
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        claim = Claim(
+            lock_name=self._pglock_name(options, args, kwargs),
+            key=0,
+            slot=slot,
+            task_id=self.request.id,
+            task_name=self.name,
+            pid=os.getpid(),
+        )
+        claim = Claim(**{**claim.__dict__, "key": lock_key(claim.lock_name)})
+        try:
+            db = database(app_settings(self.app))
+            outcome = acquire(db, claim, options.scope, options.lease)
+        except DatabaseUnavailable as exc:
+            return self._pglock_db_error(options, exc, args, kwargs)
+        if isinstance(outcome, Skip):
+            self._pglock_report_skip(outcome)
+        return self._pglock_run(db, outcome, args, kwargs)
+
+    def _pglock_run(self, db: Database, lease: Lease, args: Any, kwargs: Any) -> Any:
+        signals.lock_acquired.send(sender=self, lock=lease.lock, slot=lease.slot, token=lease.token)
+        self.request.pglock = lease
+        try:
+            result = super().__call__(*args, **kwargs)  # type: ignore[misc]
+        except TaskSkipped as skipped:
+            self._pglock_finish(db, lease, SUCCEEDED, f"skipped by the task: {skipped.reason}")
+            self._pglock_report_skip(
+                Skip(skipped.reason, lease.lock, lease.slot, None, lease.token), **skipped.meta
+            )
+        except BaseException as exc:
+            self._pglock_fail(db, lease, exc)
+            raise
+        finally:
+            self.request.pglock = None
+        self._pglock_finish(db, lease, SUCCEEDED, None)
+        return result
+
+    def _pglock_finish(self, db: Database, lease: Lease, state: str, reason: str | None) -> None:
+        released = release(db, lease, state, reason)
+        if released.lost and not released.recorded and lease.slot is not None:
+            raise LockLost(
+                f"lock {lease.lock!r} for slot {lease.slot!r} was lost before this run "
+                f"(token {lease.token}) could record its outcome: {lease.lost_cause}"
+            )
+
+    def _pglock_fail(self, db: Database, lease: Lease, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        try:
+            if lease.scope == "session":
+                release(db, lease, FAILED, reason)
+                return
+            conn = lease.connection
+            conn.rollback()
+            record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
+            conn.autocommit = True
+            db.putconn(conn, clean=True)
+        except Exception:  # the body's exception matters more than the bookkeeping's
+            logger.exception("could not record the failure of %r", lease.lock)
+            if lease.scope == "transaction":
+                abandon(db, lease)
+
+    def _pglock_slot(self, options: TaskOptions, args: Any, kwargs: Any) -> str | None:
+        headers = getattr(self.request, "headers", None) or {}
+        slot = headers.get(SLOT_HEADER) or getattr(self.request, SLOT_HEADER, None)
+        if slot is None and options.slot == "message":
+            slot = self.request.id
+        elif slot is None and callable(options.slot):
+            slot = _call_option(self.name, "pglock_slot", options.slot, args, kwargs)
+        if slot is None:
+            return None
+        try:
+            return check_slot(slot)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"{self.name}: invalid slot: {exc}") from None
+
+    def _pglock_name(self, options: TaskOptions, args: Any, kwargs: Any) -> str:
+        key = options.key
+        if key is None:
+            return default_lock_name(options.namespace, self.name)
+        name = _call_option(self.name, "pglock_key", key, args, kwargs) if callable(key) else key
+        try:
+            return check_lock_name(name)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{self.name}: pglock_key gave an invalid name: {exc}"
+            ) from None
+
+    def _pglock_report_skip(self, skip: Skip, **extra: Any) -> NoReturn:
+        meta = {**skip.meta(), **extra}
+        if self.request.id and not self.request.is_eager:
+            self.update_state(state=SKIPPED, meta=meta)
+            _send_event(self, meta)
+        signals.task_skipped.send(sender=self, reason=skip.reason, meta=meta)
+        holder = meta.get("holder") or {}
+        logger.info(
+            "skipped %s[%s]: %s (lock %r, slot %s, holder %s)",
+            self.name,
+            self.request.id,
+            skip.reason,
+            skip.lock,
+            skip.slot,
+            holder.get("task_id"),
+            extra={"action": "pglock_task_skipped", "reason": skip.reason, "lock": skip.lock},
+        )
+        raise Ignore()
+
+    def _pglock_db_error(
+        self, options: TaskOptions, exc: DatabaseUnavailable, args: Any, kwargs: Any
+    ) -> Any:
+        policy = options.on_db_error
+        if policy == "run":
+            logger.warning(
+                "running %s[%s] WITHOUT a lock (pglock_on_db_error='run'): %s",
+                self.name,
+                self.request.id,
+                exc,
+                extra={"action": "pglock_ran_unlocked"},
+            )
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        if policy == "fail" or self.request.called_directly or self.request.is_eager:
+            logger.error(
+                "%s[%s] failed: %s",
+                self.name,
+                self.request.id,
+                exc,
+                extra={"action": "pglock_db_error_fail"},
+            )
+            raise exc
+        retries = self.request.retries or 0
+        countdown = min(MAX_DB_RETRY_COUNTDOWN, 2.0**retries)
+        logger.error(
+            "%s[%s] will be retried in %.0f s (attempt %d of %d): %s",
+            self.name,
+            self.request.id,
+            countdown,
+            retries + 1,
+            options.db_max_retries,
+            exc,
+            extra={"action": "pglock_db_error_retry"},
+        )
+        raise self.retry(exc=exc, countdown=countdown, max_retries=options.db_max_retries)
+
+
+class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
+    """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
+
+    abstract = True
+
+
+def _call_option(
+    task: str, option: str, function: Callable[..., Any], args: Any, kwargs: Any
+) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{task}: the {option} function raised {type(exc).__name__}: {exc}; it receives the "
+            "task's positional and keyword arguments (accept **kwargs for the ones it ignores)"
+        ) from exc
+
+
+def _send_event(task: Any, meta: dict[str, Any]) -> None:
+    # So Flower and `celery events` show the skip; losing an event must not fail the task.
+    try:
+        task.send_event("task-skipped", retry=False, **meta)
+    except Exception:
+        logger.debug("could not send the task-skipped event", exc_info=True)
+
+
+class StartupCheck(bootsteps.StartStopStep):
+    """Fail the worker at start-up when the DSN or the schema is wrong, with a clear message."""
+
+    label = "celery-pglock"
+
+    def start(self, worker: Any) -> None:
+        settings = app_settings(worker.app)
+        with connect(settings) as conn:
+            tables = Tables(settings.schema, settings.table_prefix)
+            ensure_schema(conn, tables, auto_migrate=settings.auto_migrate)
+        logger.info("celery-pglock ready: %r", settings, extra={"action": "pglock_ready"})
+
+
+@celery_signals.worker_process_init.connect
+def _open_pool_after_fork(**_: Any) -> None:
+    # Prefork child: build this process's own pool now rather than on the first task.
+    app = _current_app_with_pglock()
+    if app is not None:
+        try:
+            database(app_settings(app))
+        except PgLockError as exc:  # the first task will retry and report
+            logger.error("celery-pglock could not connect after fork: %s", exc)
+
+
+@celery_signals.worker_process_shutdown.connect
+def _close_pool(**_: Any) -> None:
+    close_all()
+
+
+def _current_app_with_pglock() -> Celery | None:
+    from celery import current_app  # noqa: PLC0415
+
+    app: Celery = current_app._get_current_object()  # type: ignore[attr-defined]
+    has_locked = any(isinstance(task, PgLockMixin) for task in app.tasks.values())
+    return app if has_locked else None
+
+
+__all__ = ["ENTRY_HEADER", "HOSTNAME", "SLOT_HEADER", "PgLockMixin", "PgLockTask", "app_settings"]
