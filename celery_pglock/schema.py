@@ -15,8 +15,14 @@ from psycopg import sql
 
 from celery_pglock.errors import ConfigurationError
 
-TABLES = ("runs", "tokens", "fences", "holders", "skips", "beat", "schema_version")
-INDEXES = ("runs_updated_idx", "skips_run_idx", "skips_at_idx")
+TABLES = ("runs", "tokens", "fences", "holders", "skips", "beat", "beat_sends", "schema_version")
+INDEXES = (
+    "runs_updated_idx",
+    "skips_run_idx",
+    "skips_at_idx",
+    "beat_sends_unsent_idx",
+    "beat_sends_claimed_idx",
+)
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

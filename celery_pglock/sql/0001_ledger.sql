@@ -69,3 +69,32 @@ CREATE TABLE IF NOT EXISTS {skips} (
 );
 CREATE INDEX IF NOT EXISTS {skips_run_idx} ON {skips} (lock_name, slot);
 CREATE INDEX IF NOT EXISTS {skips_at_idx} ON {skips} (at);
+
+-- Beat: the schedule state of each entry (what PersistentScheduler keeps in a shelve file).
+CREATE TABLE IF NOT EXISTS {beat} (
+    namespace       text        NOT NULL,
+    entry           text        NOT NULL,
+    last_slot       text,
+    last_run_at     timestamptz,
+    total_run_count integer     NOT NULL DEFAULT 0,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, entry)
+);
+
+-- Beat: one row per (entry, slot) sent. Only the replica whose INSERT created the row
+-- publishes; sent_at stays NULL until the broker took the message, so a claim whose
+-- sender died before publishing is found and re-sent.
+CREATE TABLE IF NOT EXISTS {beat_sends} (
+    namespace  text        NOT NULL,
+    entry      text        NOT NULL,
+    slot       text        NOT NULL,
+    lock_name  text,
+    sent_by    text        NOT NULL,
+    sends      integer     NOT NULL DEFAULT 1,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    sent_at    timestamptz,
+    PRIMARY KEY (namespace, entry, slot)
+);
+CREATE INDEX IF NOT EXISTS {beat_sends_unsent_idx} ON {beat_sends} (claimed_at)
+    WHERE sent_at IS NULL;
+CREATE INDEX IF NOT EXISTS {beat_sends_claimed_idx} ON {beat_sends} (claimed_at);

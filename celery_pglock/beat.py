@@ -1,0 +1,402 @@
+"""Beat schedulers that send each slot once, however many replicas run.
+
+- ``PgLockSchedulerMixin`` adds the protection to any scheduler class (Celery's
+  ``PersistentScheduler``, django-celery-beat's ``DatabaseScheduler``).
+- ``PgLockScheduler`` is a complete scheduler whose state lives in PostgreSQL
+  (``celery beat -S pglock``).
+
+Each tick: a standby sends nothing; the leader (or, with ``pglock_beat_leader = False``,
+every replica) computes the due slot of each entry (``slots``), claims all of them in one
+round trip, and sends only what it claimed, with the slot in the ``pglock_slot`` header.
+In leader mode the claim runs on the leader's own connection, so a replica whose session
+was ended (frozen past the lease, partitioned) cannot claim, and so cannot send.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+import psycopg
+from celery.beat import Scheduler
+
+from celery_pglock import slots
+from celery_pglock.config import APP_DEFAULTS
+from celery_pglock.db import HOSTNAME, connect, database, ensure_schema
+from celery_pglock.errors import PgLockError
+from celery_pglock.keys import default_lock_name, lock_key
+from celery_pglock.leader import LeaderElection
+from celery_pglock.schema import Tables
+from celery_pglock.task import ENTRY_HEADER, SLOT_HEADER, PgLockMixin, app_settings
+
+logger = logging.getLogger("celery_pglock.beat")
+
+SLOT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
+RESEND_CHECK_EVERY = 5.0
+RESEND_HORIZON = 86400.0
+
+
+class Due(NamedTuple):
+    entry: Any
+    slot: str
+    lock_name: str
+
+
+class _EntryWithHeaders:
+    """An entry whose ``options`` carry our headers; everything else is the entry's own.
+
+    Copying the entry breaks django-celery-beat's ``ModelEntry``, and upstream mutates
+    ``options["headers"]`` in place, so a thin view is the safe way to add headers.
+    """
+
+    def __init__(self, entry: Any, headers: dict[str, Any]) -> None:
+        self._entry = entry
+        options = dict(entry.options or {})
+        options["headers"] = {**(options.get("headers") or {}), **headers}
+        self.options = options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._entry, name)
+
+
+class PgLockSchedulerMixin:
+    """Send each (entry, slot) once across replicas; put it before the scheduler class."""
+
+    app: Any
+    data: Any
+    max_interval: float
+    producer: Any
+    schedule: Any
+    reserve: Any
+    apply_async: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        app = kwargs.get("app") or args[0]
+        conf = app.conf
+        self.pglock_settings = app_settings(app)
+        self.pglock_namespace: str = conf.get("pglock_namespace") or app.main or "celery"
+        self.pglock_leader_mode = bool(_conf(conf, "pglock_beat_leader"))
+        self.pglock_lease = float(_conf(conf, "pglock_beat_lease"))
+        self.pglock_align = bool(_conf(conf, "pglock_beat_align_intervals"))
+        self.pglock_resend_after = float(_conf(conf, "pglock_beat_resend_after"))
+        self.pglock_grace = max(10.0, 3 * self.pglock_lease)
+        self.pglock_replica = f"{HOSTNAME}:{os.getpid()}"
+        self._last_slot: dict[str, str] = {}
+        self._wake_at: dict[str, float] = {}
+        self._next_resend_check = 0.0
+        self._outage = False
+        self._election: LeaderElection | None = None
+        self._schema_ready = False
+        self.pglock_tables = Tables(self.pglock_settings.schema, self.pglock_settings.table_prefix)
+        super().__init__(*args, **kwargs)
+        beat_max = float(_conf(conf, "pglock_beat_max_interval"))
+        self.max_interval = min(self.max_interval, beat_max)
+
+    def _start_election(self) -> LeaderElection:
+        # Started on the first tick, not in __init__: `celery beat` also builds a lazy
+        # scheduler just to print its banner, and that one must not compete.
+        name = f"{self.pglock_namespace}:beat-leader"
+        self._election = LeaderElection(
+            self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_lease
+        )
+        self._election.start()
+        return self._election
+
+    @property
+    def is_leader(self) -> bool:
+        if not self.pglock_leader_mode:
+            return True
+        election = self._election or self._start_election()
+        return election.is_leader()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        now = datetime.now(timezone.utc)
+        if not self.is_leader:
+            return min(STANDBY_POLL, self.max_interval)
+        try:
+            due = self._due(now)
+            if due:
+                self._send(due)
+            self._resend_unconfirmed()
+        except (psycopg.Error, PgLockError) as exc:
+            self._db_error(exc)
+            return min(1.0, self.max_interval)
+        if self._outage:
+            self._outage = False
+            logger.info("beat reaches PostgreSQL again", extra={"action": "pglock_beat_db_back"})
+        return self._next_wake()
+
+    def _due(self, now: datetime) -> list[Due]:
+        due = []
+        clock = now.timestamp()
+        for entry in list(self.schedule.values()):
+            if self._wake_at.get(entry.name, 0.0) > clock or not _enabled(entry, now):
+                continue
+            slot = self._slot_if_due(entry, now)
+            if slot is not None:
+                due.append(Due(entry, slot, self._lock_name(entry)))
+        return due
+
+    def _slot_if_due(self, entry: Any, now: datetime) -> str | None:
+        name = entry.name
+        if name not in self._last_slot:
+            # Seen for the first time: like stock beat, do not fire a past occurrence.
+            seed = slots.slot_for(entry.schedule, now, align_intervals=self.pglock_align)
+            self._last_slot[name] = seed or ""
+        slot, wait = slots.due_state(
+            entry.schedule,
+            now,
+            self._last_slot[name] or None,
+            align_intervals=self.pglock_align,
+            max_wait=self.max_interval,
+        )
+        if slot is None and self._last_slot[name] == "":
+            return self._unaligned_slot(entry, now)
+        self._wake_at[name] = now.timestamp() + wait
+        if slot is not None and _age(slot, now) > self.pglock_grace:
+            self._last_slot[name] = slot  # missed while no replica was leading: not sent
+            logger.info(
+                "slot %s of %s was missed (older than %.0f s): not sent",
+                slot,
+                name,
+                self.pglock_grace,
+                extra={"action": "pglock_beat_missed", "entry": name, "slot": slot},
+            )
+            return None
+        return slot
+
+    def _unaligned_slot(self, entry: Any, now: datetime) -> str | None:
+        # Celery's own phase (pglock_beat_align_intervals = False, or unknown schedules):
+        # the slot is this process's fire time, so replicas do not share it.
+        is_due, wait = entry.is_due()
+        self._wake_at[entry.name] = now.timestamp() + min(wait, self.max_interval)
+        return slots.format_slot(now) if is_due else None
+
+    def _lock_name(self, entry: Any) -> str:
+        """The lock name a worker will use for this entry's message, when beat can tell."""
+        task = self.app.tasks.get(entry.task)
+        if isinstance(task, PgLockMixin):
+            options = task.pglock_options()
+            if isinstance(options.key, str):
+                return options.key
+            if callable(options.key):
+                try:
+                    return str(options.key(*(entry.args or ()), **(entry.kwargs or {})))
+                except Exception:
+                    logger.debug("pglock_key of %s failed in beat", entry.task, exc_info=True)
+            return default_lock_name(options.namespace, entry.task)
+        return default_lock_name(self.pglock_namespace, entry.task)
+
+    def _send(self, due: list[Due]) -> None:
+        claimed = self._claim(due)
+        claimed_at = time.monotonic()
+        for item in due:
+            self._last_slot[item.entry.name] = item.slot
+        sent = []
+        for item in due:
+            if (item.entry.name, item.slot) not in claimed:
+                continue
+            if not self._still_leading(claimed_at):
+                logger.warning("not sending %s: leadership lost", item.entry.name)
+                return
+            if self._publish(item):
+                sent.append(item)
+        self._confirm(sent)
+
+    def _still_leading(self, claimed_at: float) -> bool:
+        # A pause between claim and publish (SIGSTOP) may have cost us the lease.
+        if self._election is None or time.monotonic() - claimed_at < self.pglock_lease / 3:
+            return self.is_leader
+        return self._election.verify()
+
+    def _publish(self, item: Due) -> bool:
+        entry = self.reserve(item.entry)
+        headers = {SLOT_HEADER: item.slot, ENTRY_HEADER: entry.name}
+        logger.info(
+            "Scheduler: Sending due task %s (%s) slot %s",
+            entry.name,
+            entry.task,
+            item.slot,
+            extra={"action": "pglock_beat_sent", "entry": entry.name, "slot": item.slot},
+        )
+        try:
+            view = _EntryWithHeaders(entry, headers)
+            self.apply_async(view, producer=self.producer, advance=False)
+        except Exception as exc:  # noqa: BLE001 - a broker error must not stop beat
+            logger.error("could not send %s slot %s: %s", entry.name, item.slot, exc)
+            return False
+        return True
+
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a beat query: on the leader's connection in leader mode, else pooled."""
+        if self._election is None:
+            db = database(self.pglock_settings)
+            with db.pool.connection() as conn:
+                return _rows(conn.execute(db.tables.query(name), params))
+        leader_conn = self._election.connection
+        if leader_conn is None:
+            raise PgLockError("this replica is no longer the beat leader")
+        try:
+            self._ensure_schema(leader_conn)
+            return _rows(leader_conn.execute(self.pglock_tables.query(name), params))
+        except psycopg.OperationalError as exc:
+            self._election.step_down(f"leader connection failed: {exc}")
+            raise
+
+    def _ensure_schema(self, conn: Any) -> None:
+        if not self._schema_ready:
+            settings = self.pglock_settings
+            ensure_schema(conn, self.pglock_tables, auto_migrate=settings.auto_migrate)
+            self._schema_ready = True
+
+    def _claim(self, due: list[Due]) -> set[tuple[str, str]]:
+        rows = self._run_query(
+            "beat_claim",
+            {
+                "namespace": self.pglock_namespace,
+                "replica": self.pglock_replica,
+                "entries": [d.entry.name for d in due],
+                "slots": [d.slot for d in due],
+                "lock_names": [d.lock_name for d in due],
+                "keys": [lock_key(d.lock_name) for d in due],
+                "tasks": [d.entry.task for d in due],
+            },
+        )
+        return {(entry, slot) for entry, slot in rows}
+
+    def _confirm(self, sent: Iterable[Due]) -> None:
+        sent = list(sent)
+        if not sent:
+            return
+        self._run_query(
+            "beat_confirm",
+            {
+                "namespace": self.pglock_namespace,
+                "entries": [d.entry.name for d in sent],
+                "slots": [d.slot for d in sent],
+                "run_ats": [_slot_time(d.slot) for d in sent],
+            },
+        )
+
+    def _resend_unconfirmed(self) -> None:
+        """Re-send claims whose sender died between claim and publish."""
+        now = time.monotonic()
+        if now < self._next_resend_check:
+            return
+        self._next_resend_check = now + RESEND_CHECK_EVERY
+        rows = self._run_query(
+            "beat_unsent",
+            {
+                "namespace": self.pglock_namespace,
+                "replica": self.pglock_replica,
+                "after": self.pglock_resend_after,
+                "horizon": RESEND_HORIZON,
+            },
+        )
+        entries = self.schedule
+        due = [Due(entries[e], s, self._lock_name(entries[e])) for e, s in rows if e in entries]
+        sent = []
+        for item in due:
+            logger.warning(
+                "re-sending %s slot %s: its claim was never confirmed",
+                item.entry.name,
+                item.slot,
+                extra={"action": "pglock_beat_resend", "entry": item.entry.name},
+            )
+            if self._publish(item):
+                sent.append(item)
+        self._confirm(sent)
+
+    def _next_wake(self) -> float:
+        if not self._wake_at:
+            return self.max_interval
+        soonest = min(self._wake_at.values()) - time.time()
+        return max(0.0, min(soonest, self.max_interval))
+
+    def _db_error(self, exc: BaseException) -> None:
+        if not self._outage:
+            self._outage = True
+            logger.error(
+                "beat cannot reach PostgreSQL; sending nothing until it can: %s",
+                exc,
+                extra={"action": "pglock_beat_db_unavailable"},
+            )
+
+    def close(self) -> None:
+        if self._election is not None:
+            self._election.close()
+        super().close()  # type: ignore[misc]
+
+
+def _rows(cursor: Any) -> list[tuple[Any, ...]]:
+    return list(cursor.fetchall()) if cursor.description else []
+
+
+def _conf(conf: Any, name: str) -> Any:
+    value = conf.get(name)
+    return APP_DEFAULTS[name] if value is None else value
+
+
+def _slot_time(slot: str) -> datetime:
+    return datetime.strptime(slot, SLOT_FORMAT).replace(tzinfo=timezone.utc)
+
+
+def _age(slot: str, now: datetime) -> float:
+    try:
+        return (now - _slot_time(slot)).total_seconds()
+    except ValueError:
+        return 0.0
+
+
+def _enabled(entry: Any, now: datetime) -> bool:
+    """Respect django-celery-beat's per-entry switches (enabled, start time, expiry)."""
+    model = getattr(entry, "model", None)
+    if model is None:
+        return True
+    if not getattr(model, "enabled", True):
+        return False
+    start, expires = getattr(model, "start_time", None), getattr(model, "expires", None)
+    if start is not None and start > now:
+        return False
+    return not (expires is not None and expires < now)
+
+
+class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
+    """A complete scheduler: entries from ``beat_schedule``, state in PostgreSQL.
+
+    No local shelve file: what was sent lives in the ``beat``/``beat_sends`` tables, so a
+    replica that takes over knows it.
+    """
+
+    def setup_schedule(self) -> None:
+        self.install_default_entries(self.data)
+        self.merge_inplace(self.app.conf.beat_schedule)
+        self._load_state()
+
+    def _load_state(self) -> None:
+        try:
+            with connect(self.pglock_settings) as conn:
+                self._ensure_schema(conn)
+                query = self.pglock_tables.query("beat_state")
+                rows = conn.execute(query, {"namespace": self.pglock_namespace}).fetchall()
+            state = {row[0]: row for row in rows}
+        except (psycopg.Error, PgLockError) as exc:
+            self._db_error(exc)
+            return
+        for name, entry in self.data.items():
+            if name in state and state[name][2] is not None:
+                entry.last_run_at = state[name][2]
+                entry.total_run_count = state[name][3]
+
+    def sync(self) -> None:
+        """Nothing to do: state is written to PostgreSQL as each slot is sent."""
+
+    @property
+    def info(self) -> str:
+        mode = "leader election" if self.pglock_leader_mode else "active-active"
+        return f"    . celery-pglock: {mode}, schema {self.pglock_settings.schema!r}"

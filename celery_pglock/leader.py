@@ -1,0 +1,185 @@
+"""Beat leader election on a session advisory lock.
+
+The leader holds ``pg_advisory_lock(key)`` on a dedicated connection. Standbys block in
+the same call on their own connection, so the server grants the lock to one of them the
+moment the leader's session ends (crash, SIGKILL, shutdown): failover takes milliseconds,
+not a TTL. A frozen or partitioned leader goes idle, the server ends its session after
+the lease (``idle_session_timeout``), and a standby takes over; when the old leader wakes,
+its next use of the connection fails and it steps down before sending anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from celery_pglock import signals
+from celery_pglock.config import Settings
+from celery_pglock.db import HOSTNAME, LEASE_MIN_SERVER_VERSION, Connection, connect
+from celery_pglock.errors import PgLockError
+from celery_pglock.ledger import Claim
+from celery_pglock.locks import Lease, heartbeat, ping
+
+logger = logging.getLogger("celery_pglock.beat")
+
+WAIT_FOR_LEADERSHIP_SQL = "SELECT pg_advisory_lock(%(key)s)"
+ARM_LEASE_SQL = "SELECT set_config('idle_session_timeout', %(lease_ms)s, false)"
+RETRY_DELAY = 1.0
+
+
+class LeaderElection:
+    """Compete for leadership in a background thread; ``is_leader()`` is a cheap check."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        lock_name: str,
+        key: int,
+        lease: float,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.claim = Claim(lock_name=lock_name, key=key, slot=None, task_id=None, task_name=None)
+        self.lease_seconds = lease
+        self.on_change = on_change
+        self._lease: Lease | None = None
+        self._waiting: Connection | None = None
+        self._closed = threading.Event()
+        self._standby = threading.Event()
+        self._standby.set()
+        self._outage = False
+        self._thread = threading.Thread(target=self._run, name="pglock-beat-election", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def connection(self) -> Connection | None:
+        """The leader's connection, for claims that must only succeed while leading."""
+        lease = self._lease
+        return lease.connection if lease is not None else None
+
+    def is_leader(self) -> bool:
+        lease = self._lease
+        if lease is None:
+            return False
+        if lease.lost:
+            self.step_down(lease.lost_cause or "lease lost")
+            return False
+        return True
+
+    def verify(self) -> bool:
+        """Ask the server now whether we still lead (after a pause we cannot account for)."""
+        lease = self._lease
+        if lease is not None:
+            ping(lease)
+        return self.is_leader()
+
+    def step_down(self, cause: str) -> None:
+        """Stop leading: close the connection (the server frees the lock) and stand by."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        heartbeat().unregister(lease)
+        _close_quietly(lease.connection)
+        logger.warning(
+            "beat replica %s stepped down as leader: %s",
+            HOSTNAME,
+            cause,
+            extra={"action": "pglock_beat_leader_lost"},
+        )
+        self._changed(False)
+        self._standby.set()
+
+    def close(self) -> None:
+        """Resign (the lock is freed at once) and stop competing."""
+        self._closed.set()
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            _cancel_quietly(waiting)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            heartbeat().unregister(lease)
+            _close_quietly(lease.connection)
+        self._standby.set()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._standby.wait()
+            if self._closed.is_set():
+                return
+            try:
+                self._compete()
+            except (psycopg.Error, PgLockError, OSError) as exc:
+                self._report_outage(exc)
+                self._closed.wait(RETRY_DELAY)
+
+    def _compete(self) -> None:
+        conn = connect(self.settings, application_name=f"celery-pglock beat standby {HOSTNAME}")
+        self._waiting = conn
+        try:
+            conn.execute(WAIT_FOR_LEADERSHIP_SQL, {"key": self.claim.key})
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        finally:
+            self._waiting = None
+        if self._closed.is_set():
+            _close_quietly(conn)
+            return
+        self._promote(conn)
+
+    def _promote(self, conn: Connection) -> None:
+        lease: float | None = None
+        if conn.info.server_version >= LEASE_MIN_SERVER_VERSION:
+            conn.execute(ARM_LEASE_SQL, {"lease_ms": str(round(self.lease_seconds * 1000))})
+            lease = self.lease_seconds
+        else:
+            logger.warning("PostgreSQL < 14: a frozen beat leader keeps leadership until it dies")
+        granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease=lease)
+        self._standby.clear()
+        self._outage = False
+        self._lease = granted
+        if lease is not None:
+            heartbeat().register(granted)
+        logger.info(
+            "beat replica %s is now the leader",
+            HOSTNAME,
+            extra={"action": "pglock_beat_leader_elected"},
+        )
+        self._changed(True)
+
+    def _changed(self, leader: bool) -> None:
+        signals.beat_leader_changed.send(sender=self, leader=leader, previous=not leader)
+        if self.on_change is not None:
+            self.on_change(leader)
+
+    def _report_outage(self, exc: BaseException) -> None:
+        if self._closed.is_set() or self._outage:
+            return  # one line per outage, not one per retry
+        self._outage = True
+        logger.error(
+            "beat leader election cannot reach PostgreSQL, retrying every %.0f s: %s",
+            RETRY_DELAY,
+            exc,
+            extra={"action": "pglock_beat_db_unavailable"},
+        )
+
+
+def _close_quietly(conn: Connection) -> None:
+    try:
+        conn.close()
+    except (psycopg.Error, OSError):
+        logger.debug("closing a beat connection failed", exc_info=True)
+
+
+def _cancel_quietly(conn: Any) -> None:
+    try:
+        conn.cancel_safe(timeout=1.0)
+    except (psycopg.Error, OSError, AttributeError):
+        logger.debug("cancelling the leadership wait failed", exc_info=True)

@@ -1,0 +1,244 @@
+"""Slots: the identity of one beat occurrence.
+
+A slot is the *nominal* fire time of a schedule occurrence, as a UTC ISO-8601 string with
+second precision (``2026-11-29T18:05:00Z``). It is a pure function of the schedule and the
+clock reading, so every beat replica computes the same slot for the same occurrence,
+whenever it started:
+
+- plain intervals (``schedule(run_every=...)``) are aligned to epoch boundaries (integer
+  multiples of the interval since 1970-01-01T00:00:00Z; a day interval therefore ticks at
+  UTC midnight), instead of Celery's per-process phase;
+- crontab occurrences are the times Celery's own ``remaining_delta`` chain yields for a
+  beat running continuously in the schedule's timezone, DST included: a wall time that
+  does not exist (spring forward) fires at the same offset after the gap (02:30 -> 03:30,
+  and a ``*/15`` schedule fires 02:00 as 03:00 and skips 02:15-02:45); a repeated wall
+  time (fall back) fires once, at its first occurrence;
+- solar events are rounded to the nearest minute; each event is recomputed from a start
+  derived from its own hour, so replicas agree although ephem's result depends slightly
+  on where its search starts.
+
+Clock skew: two replicas reading 18:05:00.2 and 18:05:02.9 both get ``18:05:00Z``. A
+replica whose clock is behind the boundary by a few seconds computes the previous slot,
+then sends the new one a few seconds later and finds it already claimed; one that is
+ahead sends a few seconds early. Either way, each slot is sent once.
+
+This module is pure: no database, no I/O, no module-level mutable state.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from celery.schedules import BaseSchedule, crontab, schedule, solar
+
+__all__ = [
+    "MAX_WAIT",
+    "crontab_slot",
+    "due_state",
+    "format_slot",
+    "interval_slot",
+    "next_interval_boundary",
+    "slot_for",
+    "solar_slot",
+]
+
+#: Longest advised sleep, in seconds, before checking an entry again (Celery's default
+#: ``beat_max_loop_interval``).
+MAX_WAIT = 300.0
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_CRONTAB_WINDOWS = tuple(
+    timedelta(minutes=m) for m in (2, 2 * 60, 2 * 1440, 40 * 1440, 400 * 1440, 5 * 366 * 1440)
+)
+_SOLAR_WINDOWS = (timedelta(days=2), timedelta(days=40), timedelta(days=400))
+_SOLAR_SEARCH_DAYS = 366
+
+#: First occurrence strictly after a point in time, or None if there is none.
+_Step = Callable[[datetime], "datetime | None"]
+_Bounds = tuple["datetime | None", "datetime | None"]
+
+
+def format_slot(dt: datetime) -> str:
+    """Return the slot id of an aware datetime: UTC, second precision, ``Z`` suffix."""
+    utc = _aware(dt).astimezone(timezone.utc)
+    return utc.replace(microsecond=0, tzinfo=None).isoformat() + "Z"
+
+
+def interval_slot(now: datetime, every: timedelta) -> datetime:
+    """Return the latest epoch-aligned boundary of ``every`` at or before ``now`` (UTC)."""
+    if every < timedelta(seconds=1):
+        raise ValueError(f"interval schedules need run_every >= 1 second, got {every!r}")
+    return _EPOCH + ((_aware(now) - _EPOCH) // every) * every
+
+
+def next_interval_boundary(now: datetime, every: timedelta) -> datetime:
+    """Return the first epoch-aligned boundary of ``every`` strictly after ``now``."""
+    return interval_slot(now, every) + every
+
+
+def crontab_slot(sched: crontab, now: datetime) -> datetime | None:
+    """Return the latest occurrence of ``sched`` at or before ``now`` (UTC), or None.
+
+    None means no occurrence in the last five years.
+    """
+    return _crontab_bounds(sched, now)[0]
+
+
+def solar_slot(sched: solar, now: datetime) -> datetime | None:
+    """Return the latest event of ``sched`` at or before ``now``, rounded to the minute.
+
+    None means no such event in the last 400 days (polar regions).
+    """
+    return _solar_bounds(sched, now)[0]
+
+
+def slot_for(sched: BaseSchedule, now: datetime, *, align_intervals: bool = True) -> str | None:
+    """Return the slot id of the occurrence of ``sched`` current at ``now``, or None.
+
+    None for unaligned intervals (the caller falls back to a per-process slot), for
+    schedule types this module does not know, and when no occurrence was found.
+    """
+    bounds = _bounds(sched, now, align_intervals)
+    if bounds is None or bounds[0] is None:
+        return None
+    return format_slot(bounds[0])
+
+
+def due_state(
+    sched: BaseSchedule,
+    now: datetime,
+    last_slot: str | None,
+    *,
+    align_intervals: bool = True,
+    max_wait: float = MAX_WAIT,
+) -> tuple[str | None, float]:
+    """Return ``(slot to send now or None, seconds until the next check)``.
+
+    The current slot is due when it is newer than ``last_slot`` (slot ids sort in time
+    order); ``last_slot=None`` means nothing was sent yet, so the current slot is due.
+    The wait runs to the next occurrence, within ``[0, max_wait]``; it is ``max_wait``
+    when this module cannot compute slots for ``sched`` (use ``sched.is_due`` instead).
+    """
+    bounds = _bounds(sched, now, align_intervals)
+    if bounds is None:
+        return None, max_wait
+    current, upcoming = bounds
+    wait = max_wait if upcoming is None else (upcoming - now).total_seconds()
+    wait = min(max(wait, 0.0), max_wait)
+    slot = None if current is None else format_slot(current)
+    if slot is None or (last_slot is not None and slot <= last_slot):
+        return None, wait
+    return slot, wait
+
+
+def _aware(dt: datetime) -> datetime:
+    """Return ``dt`` if it carries a timezone; naive datetimes are ambiguous across hosts."""
+    if dt.tzinfo is None or dt.utcoffset() is None:
+        raise ValueError(f"slots need timezone-aware datetimes, got naive {dt.isoformat()}")
+    return dt
+
+
+def _bounds(sched: BaseSchedule, now: datetime, align_intervals: bool) -> _Bounds | None:
+    """Return (latest occurrence <= now, first occurrence > now), None if unsupported."""
+    if isinstance(sched, crontab):
+        return _crontab_bounds(sched, now)
+    if isinstance(sched, solar):
+        return _solar_bounds(sched, now)
+    if isinstance(sched, schedule) and align_intervals:
+        every = timedelta(seconds=sched.seconds)
+        current = interval_slot(now, every)
+        return current, current + every
+    return None
+
+
+def _search(step: _Step, now: datetime, starts: list[datetime]) -> _Bounds:
+    """Walk ``step`` from each start in turn until one reaches an occurrence <= now."""
+    upcoming = None
+    for start in starts:
+        latest, upcoming = None, step(start)
+        while upcoming is not None and upcoming <= now:
+            latest, upcoming = upcoming, step(upcoming)
+        if latest is not None:
+            return latest, upcoming
+    return None, upcoming
+
+
+def _crontab_bounds(sched: crontab, now: datetime) -> _Bounds:
+    """Bracket ``now`` between crontab occurrences, searching ever further back."""
+    zone = _zone(sched)
+    now = _aware(now).astimezone(timezone.utc)
+    # A start inside a repeated (fall-back) hour is read as its first occurrence: Celery's
+    # chain drops the fold, so stepping from the second reading would jump back in time.
+    starts = [(now - w).astimezone(zone).replace(fold=0) for w in _CRONTAB_WINDOWS]
+    return _search(lambda after: _crontab_next(sched, after), now, starts)
+
+
+def _crontab_next(sched: crontab, after: datetime) -> datetime:
+    """Return the occurrence Celery fires next when its last run was at ``after`` (UTC)."""
+    last, delta, _ = sched.remaining_delta(after)
+    occurrence: datetime = (last + delta).astimezone(timezone.utc)
+    if occurrence <= after:
+        raise RuntimeError(f"{sched!r} did not advance past {after.isoformat()}")
+    return occurrence
+
+
+def _zone(sched: BaseSchedule) -> tzinfo:
+    """Return the timezone Celery evaluates ``sched`` in (the app's ``timezone``)."""
+    zone: str | tzinfo = sched.tz
+    return ZoneInfo(zone) if isinstance(zone, str) else zone
+
+
+def _solar_bounds(sched: solar, now: datetime) -> _Bounds:
+    """Bracket ``now`` between rounded solar events, searching ever further back."""
+    now = _aware(now).astimezone(timezone.utc)
+    find = _solar_finder(sched)
+
+    def step(after: datetime) -> datetime | None:
+        probe = after - timedelta(minutes=1)
+        while (raw := find(probe)) is not None:
+            # Recompute from a start that depends only on the event's hour, far from the
+            # rounding edge at :30, so every replica rounds the same float.
+            again = find(interval_slot(raw, timedelta(hours=1)) - timedelta(hours=1))
+            precise = again if again and abs(again - raw) < timedelta(minutes=1) else raw
+            event = interval_slot(precise + timedelta(seconds=30), timedelta(minutes=1))
+            if event > after:
+                return event
+            probe = raw + timedelta(minutes=1)
+        return None
+
+    return _search(step, now, [now - w for w in _SOLAR_WINDOWS])
+
+
+def _solar_finder(sched: solar) -> Callable[[datetime], datetime | None]:
+    """Return a function giving the first raw event of ``sched`` after a UTC time."""
+    ephem = _ephem()
+    spec: Any = sched  # Celery sets method/use_center; the stubs do not declare them
+    cal = spec.cal.copy()  # never move the schedule's own observer
+    method = getattr(cal, spec.method)
+    options = {"use_center": True} if spec.use_center else {}
+
+    def find(after: datetime) -> datetime | None:
+        start = ephem.Date(after.astimezone(timezone.utc).replace(tzinfo=None))
+        for _ in range(_SOLAR_SEARCH_DAYS):  # the event may not happen every day
+            try:
+                event = method(ephem.Sun(), start=start, **options)
+            except ephem.CircumpolarError:
+                start = cal.next_antitransit(ephem.Sun(), start=start)
+                continue
+            found: datetime = event.datetime().replace(tzinfo=timezone.utc)
+            return found
+        return None
+
+    return find
+
+
+def _ephem() -> Any:
+    """Import ephem, which solar schedules need, with an error naming the fix."""
+    try:
+        return importlib.import_module("ephem")
+    except ImportError as exc:
+        raise ImportError("solar schedules need the ephem package: pip install ephem") from exc

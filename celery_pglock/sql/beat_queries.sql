@@ -1,0 +1,56 @@
+-- Named queries of the beat scheduler (see queries.sql for the conventions).
+
+-- name: beat_claim
+-- One round trip per tick: claim every due (entry, slot); only rows this call inserted
+-- come back, and only those are sent. The run ledger gets a `scheduled` row too, so an
+-- operator sees a slot that was sent but never ran.
+WITH wanted AS (
+    SELECT * FROM unnest(%(entries)s::text[], %(slots)s::text[], %(lock_names)s::text[],
+                         %(keys)s::bigint[], %(tasks)s::text[])
+        AS w(entry, slot, lock_name, lock_key, task_name)
+), claimed AS (
+    INSERT INTO {beat_sends} (namespace, entry, slot, lock_name, sent_by)
+    SELECT %(namespace)s, entry, slot, lock_name, %(replica)s FROM wanted
+    ON CONFLICT DO NOTHING
+    RETURNING entry, slot
+), scheduled AS (
+    INSERT INTO {runs} (lock_name, slot, lock_key, state, entry, sent_by, task_name, scheduled_at)
+    SELECT w.lock_name, w.slot, w.lock_key, 'scheduled', w.entry, %(replica)s, w.task_name, now()
+      FROM wanted w JOIN claimed c ON c.entry = w.entry AND c.slot = w.slot
+    ON CONFLICT (lock_name, slot) DO NOTHING
+)
+SELECT entry, slot FROM claimed;
+
+-- name: beat_confirm
+-- The broker took these messages: mark them sent and advance each entry's state.
+WITH sent AS (
+    UPDATE {beat_sends} AS s SET sent_at = now()
+      FROM unnest(%(entries)s::text[], %(slots)s::text[]) AS w(entry, slot)
+     WHERE s.namespace = %(namespace)s AND s.entry = w.entry AND s.slot = w.slot
+)
+INSERT INTO {beat} AS b (namespace, entry, last_slot, last_run_at, total_run_count)
+SELECT %(namespace)s, entry, slot, run_at, 1
+  FROM unnest(%(entries)s::text[], %(slots)s::text[], %(run_ats)s::timestamptz[])
+    AS w(entry, slot, run_at)
+ON CONFLICT (namespace, entry) DO UPDATE
+    SET last_slot = EXCLUDED.last_slot, last_run_at = EXCLUDED.last_run_at,
+        total_run_count = b.total_run_count + 1, updated_at = now()
+    WHERE b.last_run_at IS NULL OR b.last_run_at <= EXCLUDED.last_run_at;
+
+-- name: beat_unsent
+-- Claims whose sender never confirmed them (it died between claim and publish): take
+-- them over, one replica each, so they are sent again. Workers dedupe by slot.
+UPDATE {beat_sends} AS s
+   SET sent_by = %(replica)s, claimed_at = now(), sends = s.sends + 1
+ WHERE (s.namespace, s.entry, s.slot) IN (
+        SELECT namespace, entry, slot FROM {beat_sends}
+         WHERE namespace = %(namespace)s AND sent_at IS NULL
+           AND claimed_at < now() - make_interval(secs => %(after)s)
+           AND claimed_at > now() - make_interval(secs => %(horizon)s)
+         ORDER BY claimed_at
+         LIMIT 100
+           FOR UPDATE SKIP LOCKED)
+RETURNING s.entry, s.slot;
+
+-- name: beat_state
+SELECT entry, last_slot, last_run_at, total_run_count FROM {beat} WHERE namespace = %(namespace)s;
