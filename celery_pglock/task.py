@@ -38,6 +38,7 @@ logger = logging.getLogger("celery_pglock")
 SLOT_HEADER = "pglock_slot"
 ENTRY_HEADER = "pglock_entry"
 MAX_DB_RETRY_COUNTDOWN = 60.0
+BUILTIN_PREFIX = "celery."
 
 _settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
 
@@ -94,6 +95,10 @@ class PgLockMixin:
         return self._pglock_options
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.name.startswith(BUILTIN_PREFIX):
+            # With task_cls = PgLockTask, Celery's own tasks (chord_unlock, backend_cleanup)
+            # inherit this class too; locking them would stall chords.
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
         options = self.pglock_options()
         slot = self._pglock_slot(options, args, kwargs)
         if slot is None and options.scheduled_only:
@@ -242,8 +247,6 @@ class PgLockMixin:
 
 class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
     """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
-
-    abstract = True
 
 
 def _call_option(

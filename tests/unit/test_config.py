@@ -1,0 +1,108 @@
+"""Settings are read once, validated, and never reveal a password."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+
+from celery_pglock.config import Settings, TaskOptions, redact, resolve_dsn
+from celery_pglock.errors import ConfigurationError
+
+
+def test_dsn_from_conf_wins_over_environment() -> None:
+    """pglock_dsn beats PGLOCK_DSN, which beats DATABASE_URL."""
+    env = {"PGLOCK_DSN": "postgresql://env@h/db", "DATABASE_URL": "postgresql://url@h/db"}
+    assert "postgresql://conf@h/db" == resolve_dsn({"pglock_dsn": "postgresql://conf@h/db"}, env)
+    assert "postgresql://env@h/db" == resolve_dsn({}, env)
+    assert "postgresql://url@h/db" == resolve_dsn({}, {"DATABASE_URL": "postgresql://url@h/db"})
+
+
+def test_missing_dsn_names_the_setting() -> None:
+    """With no DSN anywhere, the error says which setting to set."""
+    with pytest.raises(ConfigurationError, match="pglock_dsn"):
+        resolve_dsn({}, {})
+
+
+def test_sqlalchemy_style_url_is_accepted() -> None:
+    """A postgresql+psycopg:// URL (as SQLAlchemy users have) works as a libpq URL."""
+    assert "postgresql://u@h/db" == resolve_dsn({"pglock_dsn": "postgresql+psycopg://u@h/db"}, {})
+
+
+def test_malformed_dsn_error_hides_password() -> None:
+    """A malformed DSN fails with a clear message that never shows the password."""
+    with pytest.raises(ConfigurationError) as info:
+        resolve_dsn({"pglock_dsn": "postgresql://u:s3cret@h:notaport/db?bogus=1"}, {})
+    assert "s3cret" not in str(info.value)
+    assert "not a valid PostgreSQL connection string" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "postgresql://user:s3cret@host/db",
+        "host=h password=s3cret user=u",
+        "host=h password='s3 cret' user=u",
+        "PASSWORD = s3cret",
+    ],
+)
+def test_redact_removes_passwords(text: str) -> None:
+    """redact() removes the password in URL and key=value forms."""
+    assert "s3cret" not in redact(text)
+    assert "s3" not in redact(text).replace("***", "")
+
+
+def test_settings_repr_hides_password() -> None:
+    """repr(Settings) shows the DSN without its password."""
+    settings = Settings(dsn="postgresql://u:s3cret@h/db")
+    assert "s3cret" not in repr(settings)
+
+
+def test_unknown_setting_suggests_the_right_one() -> None:
+    """A typo in a pglock_* setting fails with a suggestion."""
+    conf = {"pglock_dsn": "postgresql://u@h/db", "pglock_shcema": "x"}
+    with pytest.raises(ConfigurationError, match="did you mean 'pglock_schema'"):
+        Settings.from_conf(conf)
+
+
+def _task(app: Celery, **options: object) -> TaskOptions:
+    @app.task(name="t", shared=False, **options)
+    def t() -> None:
+        """A task."""
+
+    return TaskOptions.resolve(t, app.conf, app.main)
+
+
+def test_task_options_default_from_app_conf() -> None:
+    """Task attributes fall back to app.conf.pglock_* and then to built-in defaults."""
+    app = Celery("proj", set_as_current=False)
+    app.conf.pglock_scope = "transaction"
+    options = _task(app)
+    assert ("transaction", "proj", 30.0) == (options.scope, options.namespace, options.lease)
+
+
+def test_task_attribute_overrides_app_default() -> None:
+    """A per-task pglock_scope wins over the app-wide default."""
+    app = Celery("proj", set_as_current=False)
+    app.conf.pglock_scope = "transaction"
+    assert "session" == _task(app, pglock_scope="session").scope
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "match"),
+    [
+        ("pglock_scope", "global", "pglock_scope"),
+        ("pglock_on_db_error", "ignore", "pglock_on_db_error"),
+        ("pglock_lease", -1, "pglock_lease"),
+        ("pglock_slot", 42, "pglock_slot"),
+        ("pglock_key", "", "pglock_key"),
+    ],
+)
+def test_bad_task_options_are_refused(option: str, value: object, match: str) -> None:
+    """Invalid per-task options fail with an error naming the option."""
+    with pytest.raises(ConfigurationError, match=match):
+        _task(Celery("proj", set_as_current=False), **{option: value})
+
+
+def test_lease_zero_turns_the_lease_off() -> None:
+    """pglock_lease = 0 disables the server-enforced lease."""
+    assert _task(Celery("proj", set_as_current=False), pglock_lease=0).lease is None
