@@ -41,10 +41,15 @@ class StaleToken(PgLockError):
         self.resource = resource
         self.token = token
         self.newest = newest
-        newer = f" (newest accepted: {newest})" if newest is not None else ""
-        super().__init__(
-            f"fencing token {token} for {resource!r} is stale{newer}: a newer lock holder "
-            "already wrote; abandon this write"
+        # args are the constructor's, so pickling and Celery's result backends (which
+        # rebuild an exception as ``cls(*args)``) give back a StaleToken, not a PgLockError.
+        super().__init__(resource, token, newest)
+
+    def __str__(self) -> str:
+        newer = f" (newest accepted: {self.newest})" if self.newest is not None else ""
+        return (
+            f"fencing token {self.token} for {self.resource!r} is stale{newer}: a newer lock "
+            "holder already wrote; abandon this write"
         )
 
 

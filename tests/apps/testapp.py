@@ -6,14 +6,22 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
   so tests sharing a broker never see each other's messages);
 - ``PGLOCK_DSN`` and ``TEST_SCHEMA`` (the test's own schema: our tables and ``executions``);
 - ``TEST_ACKS_LATE`` ("1"), ``TEST_LEASE`` (seconds), ``TEST_BEAT_EVERY`` (seconds: one
-  interval entry ``tick``), ``TEST_BEAT_LEADER`` ("0" = active-active), ``TEST_BEAT_LEASE``.
+  interval entry ``tick``), ``TEST_BEAT_LEADER`` ("0" = active-active), ``TEST_BEAT_LEASE``;
+- ``TEST_NAMESPACE`` (optional ``pglock_namespace``: lock names are database-wide);
+- ``TEST_BEAT_TASK`` (the ``tick`` entry's task, default ``testapp.tick``),
+  ``TEST_SLOW_TICK`` (seconds ``testapp.slow_tick`` takes, default 0.3);
+- ``TEST_AUTO_MIGRATE`` ("0" = ``pglock_auto_migrate = False``). With a ``db+…`` result
+  backend, its tables live in ``TEST_SCHEMA`` too.
 
 Every task body records its execution in ``<schema>.executions`` (what ran, with which
-slot and fencing token, in which process), which is what the tests assert on.
+slot and fencing token, in which process), which is what the tests assert on. The
+``gated*`` tasks block until the test opens a gate (``harness.gate``), so a test decides
+when a run ends instead of sleeping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -22,7 +30,7 @@ import psycopg
 from celery import Celery
 from psycopg import sql
 
-from celery_pglock import PgLockTask, fence
+from celery_pglock import LockLost, PgLockTask, fence
 
 ENV = os.environ
 SCHEMA = ENV.get("TEST_SCHEMA", "public")
@@ -45,9 +53,21 @@ app.conf.update(
     pglock_beat_lease=float(ENV.get("TEST_BEAT_LEASE", "5")),
     beat_scheduler=ENV.get("TEST_BEAT_SCHEDULER", "celery_pglock.beat:PgLockScheduler"),
 )
+if ENV.get("TEST_NAMESPACE"):
+    # Lock names (and the beat leader lock) are database-wide: tests running side by side
+    # on one server keep apart by namespace.
+    app.conf.pglock_namespace = ENV["TEST_NAMESPACE"]
+if ENV.get("TEST_AUTO_MIGRATE") == "0":
+    app.conf.pglock_auto_migrate = False
+if (ENV.get("TEST_RESULT_BACKEND") or "").startswith("db+"):
+    # The database result backend keeps its tables in the test's schema, dropped with it.
+    app.conf.database_table_schemas = {"task": SCHEMA, "group": SCHEMA}
 if ENV.get("TEST_BEAT_EVERY"):
     app.conf.beat_schedule = {
-        "tick": {"task": "testapp.tick", "schedule": float(ENV["TEST_BEAT_EVERY"])},
+        "tick": {
+            "task": ENV.get("TEST_BEAT_TASK", "testapp.tick"),
+            "schedule": float(ENV["TEST_BEAT_EVERY"]),
+        },
     }
 
 EXECUTIONS_SQL = """
@@ -64,6 +84,13 @@ CREATE TABLE IF NOT EXISTS {executions} (
     finished  timestamptz
 )"""
 WRITES_SQL = "CREATE TABLE IF NOT EXISTS {writes} (token bigint, marker text)"
+OBSERVATIONS_SQL = """
+CREATE TABLE IF NOT EXISTS {observations} (
+    task_id text,
+    token   bigint,
+    lost    boolean NOT NULL,
+    cause   text
+)"""
 
 
 def table(name: str) -> sql.Identifier:
@@ -73,6 +100,7 @@ def table(name: str) -> sql.Identifier:
 def create_tables(conn: psycopg.Connection[Any]) -> None:
     conn.execute(sql.SQL(EXECUTIONS_SQL).format(executions=table("executions")))
     conn.execute(sql.SQL(WRITES_SQL).format(writes=table("writes")))
+    conn.execute(sql.SQL(OBSERVATIONS_SQL).format(observations=table("observations")))
 
 
 def record(task: Any, marker: str | None = None, conn: Any = None) -> int:
@@ -151,7 +179,88 @@ def tick(self: Any) -> None:
     finish(record(self))
 
 
+@app.task(bind=True, base=PgLockTask, name="testapp.slow_tick")
+def slow_tick(self: Any) -> None:
+    """A beat entry's task that takes a while, so overlapping executions would show."""
+    row = record(self)
+    time.sleep(float(ENV.get("TEST_SLOW_TICK", "0.3")))
+    finish(row)
+
+
 @app.task(name="testapp.plain")
 def plain(seconds: float = 0.0) -> None:
     """A stock task, for comparison."""
     time.sleep(seconds)
+
+
+# -- gates: a task blocks until the test opens its gate, so no test sleeps and hopes ------
+
+GATE_CLASS = 0x67617465  # first key of the two-key advisory lock a gate is; never a pglock key
+GATE_TIMEOUT = "60s"  # a gate the test forgot fails the task instead of hanging the worker
+
+
+def wait_for_gate(gate: int | None) -> None:
+    """Block until the test opens gate ``gate`` (see ``harness.gate``); None: do not wait."""
+    if gate is None:
+        return
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(GATE_TIMEOUT)))
+        conn.execute("SELECT pg_advisory_lock(%s, %s)", (GATE_CLASS, gate))
+
+
+def observe_lease(task: Any) -> None:
+    """Ask the server whether this run still holds its lock; note the answer."""
+    lease = task.pglock
+    with contextlib.suppress(LockLost):  # check() also sets lease.lost, noted below
+        lease.check()
+    query = sql.SQL("INSERT INTO {} (task_id, token, lost, cause) VALUES (%s, %s, %s, %s)").format(
+        table("observations")
+    )
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(query, (task.request.id, lease.token, lease.lost, lease.lost_cause))
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.gated")
+def gated(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Record, wait until the test opens ``gate``, finish; return the fencing token."""
+    row = record(self, marker)
+    wait_for_gate(gate)
+    finish(row)
+    return self.pglock.token if self.pglock else None
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.gated_scheduled_only",
+    pglock_scheduled_only=True,
+)
+def gated_scheduled_only(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Like ``gated``, but locked only when the message carries a slot."""
+    row = record(self, marker)
+    wait_for_gate(gate)
+    finish(row)
+    return self.pglock.token if self.pglock else None
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.gated_tx", pglock_scope="transaction")
+def gated_tx(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Transaction scope: record in the lock's own transaction, wait for ``gate``."""
+    record(self, marker, conn=self.pglock.connection)
+    wait_for_gate(gate)
+    return self.pglock.token
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.fenced_gated")
+def fenced_gated(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Wait for ``gate`` (a test may freeze us meanwhile), note whether the lock is still
+    held (``observations``), then write through fence(); StaleToken if superseded."""
+    row = record(self, marker)
+    wait_for_gate(gate)
+    observe_lease(self)
+    with psycopg.connect(DSN) as conn, conn.transaction():
+        fence(conn, "fenced-resource", self.pglock.token)
+        insert = sql.SQL("INSERT INTO {} (token, marker) VALUES (%s, %s)").format(table("writes"))
+        conn.execute(insert, (self.pglock.token, marker))
+    finish(row)
+    return {"token": self.pglock.token, "lost": self.pglock.lost}
