@@ -30,6 +30,7 @@ from celery_pglock.db import HOSTNAME, connect, database, ensure_schema
 from celery_pglock.errors import PgLockError
 from celery_pglock.keys import default_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
+from celery_pglock.retention import AutoPrune
 from celery_pglock.schema import Tables
 from celery_pglock.task import ENTRY_HEADER, SLOT_HEADER, PgLockMixin, app_settings
 
@@ -87,9 +88,12 @@ class PgLockSchedulerMixin:
         self.pglock_grace = max(10.0, 3 * self.pglock_lease)
         self.pglock_replica = f"{HOSTNAME}:{os.getpid()}"
         self._last_slot: dict[str, str] = {}
+        self._stored_slots: dict[str, str] = {}  # last slot sent per entry, read on takeover
+        self._leading = False
         self._wake_at: dict[str, float] = {}
         self._next_resend_check = 0.0
         self._outage = False
+        self._pruner = AutoPrune.from_conf(conf, self.pglock_settings)
         self._election: LeaderElection | None = None
         self._schema_ready = False
         self.pglock_tables = Tables(self.pglock_settings.schema, self.pglock_settings.table_prefix)
@@ -117,19 +121,37 @@ class PgLockSchedulerMixin:
     def tick(self, *args: Any, **kwargs: Any) -> float:
         now = datetime.now(timezone.utc)
         if not self.is_leader:
+            self._leading = False
             return min(STANDBY_POLL, self.max_interval)
         try:
+            if not self._leading:
+                self._take_over()
             due = self._due(now)
             if due:
                 self._send(due)
             self._resend_unconfirmed()
+            self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
         except (psycopg.Error, PgLockError) as exc:
+            if self.pglock_leader_mode and not self.is_leader:
+                return min(STANDBY_POLL, self.max_interval)  # lost the lease: not an outage
             self._db_error(exc)
             return min(1.0, self.max_interval)
         if self._outage:
             self._outage = False
             logger.info("beat reaches PostgreSQL again", extra={"action": "pglock_beat_db_back"})
         return self._next_wake()
+
+    def _take_over(self) -> None:
+        """Start sending from the last slots sent, as stored, not from this replica's memory.
+
+        Otherwise a slot that fell due while no replica led (the leader froze or died just
+        before sending it) would be taken as already seen, and silently never sent.
+        """
+        rows = self._run_query("beat_state", {"namespace": self.pglock_namespace})
+        self._stored_slots = {row[0]: row[1] for row in rows if row[1]}
+        self._last_slot.clear()
+        self._wake_at.clear()
+        self._leading = True
 
     def _due(self, now: datetime) -> list[Due]:
         due = []
@@ -145,9 +167,11 @@ class PgLockSchedulerMixin:
     def _slot_if_due(self, entry: Any, now: datetime) -> str | None:
         name = entry.name
         if name not in self._last_slot:
-            # Seen for the first time: like stock beat, do not fire a past occurrence.
+            # Seen for the first time: go on from the last slot sent, or, for an entry never
+            # sent, do not fire a past occurrence (like stock beat).
             seed = slots.slot_for(entry.schedule, now, align_intervals=self.pglock_align)
-            self._last_slot[name] = seed or ""
+            stored = self._stored_slots.get(name) if seed else None
+            self._last_slot[name] = stored or seed or ""
         slot, wait = slots.due_state(
             entry.schedule,
             now,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -44,6 +45,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_beat_max_interval": 1.0,
     # Operations.
     "pglock_ledger_retention": None,
+    "pglock_metrics": False,
 }
 
 TASK_OPTIONS = (
@@ -195,6 +197,10 @@ def _task_getter(task: Any, conf: Mapping[str, Any]) -> Callable[[str], Any]:
 
     def value(name: str) -> Any:
         found = getattr(task, name, None)
+        if inspect.ismethod(found) and found.__self__ is task:
+            # @app.task(pglock_key=f) stores f on the task class, where it becomes a
+            # method: call it with the task's arguments only, as documented.
+            found = found.__func__
         return app_value(name) if found is None else found
 
     return value

@@ -29,6 +29,7 @@ logger = logging.getLogger("celery_pglock")
 Connection = psycopg.Connection[Any]
 
 IDLE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
+TCP_USER_TIMEOUT_MS = 30_000
 LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14
 HOSTNAME = socket.gethostname()
 
@@ -53,6 +54,8 @@ def connect_kwargs(settings: Settings) -> dict[str, Any]:
         "keepalives_idle": 10,
         "keepalives_interval": 3,
         "keepalives_count": 3,
+        # A send to a partitioned server fails after this instead of TCP's ~15 minutes.
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
         "application_name": application_name(),
     }
 
@@ -108,6 +111,13 @@ class Database:
         with connect(self.settings) as conn:
             self._learn_server(conn)
             self.ensure_schema(conn)
+        if not self.lease_supported:
+            logger.warning(
+                "PostgreSQL %d has no idle_session_timeout (needs 14): session-scope locks "
+                "of frozen holders are kept until the holder dies; the lease is unavailable",
+                self.server_version // 10000,
+                extra={"action": "pglock_lease_unavailable"},
+            )
         self.pool.open(wait=False)
 
     def getconn(self) -> Connection:
@@ -156,6 +166,7 @@ class Database:
         if conn in self._clean:
             self._clean.discard(conn)
             return
+        conn.autocommit = True  # else the reset opens a transaction and the pool discards conn
         conn.execute(RESET_SQL if self.lease_supported else RESET_SQL_PRE14)
 
 
@@ -234,6 +245,8 @@ def migrate(conn: Connection, tables: schema.Tables) -> list[int]:
     """Apply missing migrations in one transaction; concurrent callers wait, then no-op."""
     applied: list[int] = []
     with conn.transaction():
+        # Whatever default_transaction_isolation says: a waiter must see the winner's rows.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         conn.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": migration_key(tables)})
         exists = conn.execute(schema.SCHEMA_EXISTS_SQL, {"schema": tables.schema}).fetchone()
         if not exists or not exists[0]:

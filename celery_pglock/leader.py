@@ -19,7 +19,13 @@ import psycopg
 
 from celery_pglock import signals
 from celery_pglock.config import Settings
-from celery_pglock.db import HOSTNAME, LEASE_MIN_SERVER_VERSION, Connection, connect
+from celery_pglock.db import (
+    HOSTNAME,
+    LEASE_MIN_SERVER_VERSION,
+    Connection,
+    application_name,
+    connect,
+)
 from celery_pglock.errors import PgLockError
 from celery_pglock.ledger import Claim
 from celery_pglock.locks import Lease, heartbeat, ping
@@ -28,6 +34,8 @@ logger = logging.getLogger("celery_pglock.beat")
 
 WAIT_FOR_LEADERSHIP_SQL = "SELECT pg_advisory_lock(%(key)s)"
 ARM_LEASE_SQL = "SELECT set_config('idle_session_timeout', %(lease_ms)s, false)"
+# pg_stat_activity says which replica leads (`celery pglock status` reads it).
+NAME_SESSION_SQL = "SELECT set_config('application_name', %(name)s, false)"
 RETRY_DELAY = 1.0
 
 
@@ -120,7 +128,7 @@ class LeaderElection:
                 self._closed.wait(RETRY_DELAY)
 
     def _compete(self) -> None:
-        conn = connect(self.settings, application_name=f"celery-pglock beat standby {HOSTNAME}")
+        conn = connect(self.settings, application_name=application_name(" beat standby"))
         self._waiting = conn
         try:
             conn.execute(WAIT_FOR_LEADERSHIP_SQL, {"key": self.claim.key})
@@ -135,6 +143,7 @@ class LeaderElection:
         self._promote(conn)
 
     def _promote(self, conn: Connection) -> None:
+        conn.execute(NAME_SESSION_SQL, {"name": application_name(" beat leader")})
         lease: float | None = None
         if conn.info.server_version >= LEASE_MIN_SERVER_VERSION:
             conn.execute(ARM_LEASE_SQL, {"lease_ms": str(round(self.lease_seconds * 1000))})

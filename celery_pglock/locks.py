@@ -38,12 +38,15 @@ from celery_pglock.ledger import (
 logger = logging.getLogger("celery_pglock")
 
 TRY_LOCK = {"session": "pg_try_advisory_lock", "transaction": "pg_try_advisory_xact_lock"}
-UNLOCK = {"session": "pg_advisory_unlock(%(key)s)", "transaction": "NULL"}
+# unlock_all: the connection is this execution's alone, and a lock the body took on it
+# (even ours again: session locks are re-entrant) must not go back to the pool.
+UNLOCK = {"session": "pg_advisory_unlock_all()", "transaction": "pg_advisory_unlock_all()"}
 ARM_SESSION_LEASE = "set_config('idle_session_timeout', %(lease_ms)s, false)"
 # is_local=true: PostgreSQL reverts it when the transaction ends, no disarm needed.
 ARM_TRANSACTION_LEASE = "set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)"
 DISARM_SESSION_LEASE = "set_config('idle_session_timeout', %(idle_default)s, false)"
 PING_SQL = "SELECT 1"
+IDLE = psycopg.pq.TransactionStatus.IDLE
 MIN_PING_INTERVAL = 0.2
 
 
@@ -93,7 +96,12 @@ class Lease:
             self.slot,
             self.token,
             cause,
-            extra={"action": "pglock_lock_lost", "lock": self.lock, "slot": self.slot},
+            extra={
+                "action": "pglock_lock_lost",
+                "lock": self.lock,
+                "slot": self.slot,
+                "token": self.token,
+            },
         )
         signals.lock_lost.send(
             sender=None, lock=self.lock, slot=self.slot, token=self.token, cause=cause
@@ -106,15 +114,18 @@ def ping(lease: Lease) -> None:
     # Never wait behind the task's own query (transaction scope): a busy connection is
     # not idle, so the server will not end it.
     if not conn.lock.acquire(blocking=False):
+        lease.last_ping = time.monotonic()  # busy, so not idle: next ping in one interval
         return
     conn.lock.release()
     try:
         conn.execute(PING_SQL)
         lease.last_ping = time.monotonic()
-    except psycopg.OperationalError as exc:
-        lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
-    except psycopg.Error:
-        pass  # e.g. the task's transaction is aborted: the session, and the lock, live on
+    except psycopg.Error as exc:
+        # The session is gone on an OperationalError, or when the server ended it with an
+        # error of another class (IdleInTransactionSessionTimeout is an InternalError).
+        # Otherwise (e.g. the task's transaction is aborted) the session and the lock live on.
+        if isinstance(exc, psycopg.OperationalError) or conn.closed:
+            lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
 
 class Heartbeat:
@@ -145,10 +156,11 @@ class Heartbeat:
                 ping(lease)
 
     def _next_wait(self) -> float | None:
-        if not self._leases:
+        live = [lease for lease in self._leases.values() if not lease.lost]
+        if not live:  # a lost lease is never pinged again: waiting on it would spin
             return None
         now = time.monotonic()
-        waits = (_interval(lease) - (now - lease.last_ping) for lease in self._leases.values())
+        waits = (_interval(lease) - (now - lease.last_ping) for lease in live)
         return max(0.0, min(waits))
 
 
@@ -255,12 +267,14 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     disarm = DISARM_SESSION_LEASE if lease.scope == "session" and db.lease_supported else "NULL"
     query = db.tables.query("release", unlock=UNLOCK[lease.scope], disarm_lease=disarm)
     try:
+        if lease.scope == "session" and conn.info.transaction_status != IDLE:
+            conn.rollback()  # the body left it open; the pool would roll back our outcome too
         row = conn.execute(query, params).fetchone()
         if lease.scope == "transaction":
             conn.commit()
     except psycopg.Error as exc:
         db.putconn(conn, clean=False)
-        if not isinstance(exc, psycopg.OperationalError):
+        if not isinstance(exc, psycopg.OperationalError) and not conn.closed:
             raise
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)

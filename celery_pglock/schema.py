@@ -38,7 +38,7 @@ def _read(name: str) -> str:
 def query_texts() -> dict[str, str]:
     """Every named query in ``sql/queries.sql`` and ``sql/beat_queries.sql``, by name."""
     texts: dict[str, str] = {}
-    for filename in ("queries.sql", "beat_queries.sql"):
+    for filename in ("queries.sql", "beat_queries.sql", "ops_queries.sql"):
         if resources.files("celery_pglock").joinpath("sql").joinpath(filename).is_file():
             parts = _QUERY_HEADER.split(_read(filename))
             texts.update(zip(parts[1::2], (body.strip() for body in parts[2::2]), strict=True))
@@ -72,6 +72,11 @@ class Tables:
             )
         if not self.schema or len(self.schema.encode()) > 63:
             raise ConfigurationError(f"pglock_schema must be 1 to 63 bytes, got {self.schema!r}")
+        if "%" in self.schema + self.prefix:  # psycopg would read it as a placeholder
+            raise ConfigurationError(
+                f"pglock_schema and pglock_table_prefix must not contain '%', "
+                f"got {self.schema!r} and {self.prefix!r}"
+            )
 
     def table(self, name: str) -> sql.Identifier:
         """The schema-qualified identifier of one of our tables or sequences."""
@@ -125,5 +130,6 @@ RECORD_VERSION_SQL = (
     "INSERT INTO {schema_version} (version) VALUES (%(version)s) ON CONFLICT DO NOTHING;"
 )
 CURRENT_VERSION_SQL = "SELECT max(version) FROM {schema_version}"
-SCHEMA_EXISTS_SQL = "SELECT to_regnamespace(%(schema)s) IS NOT NULL"
+# By exact name: to_regnamespace() would parse (and case-fold) the name as SQL syntax.
+SCHEMA_EXISTS_SQL = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
 VERSION_TABLE_EXISTS_SQL = "SELECT to_regclass(%(table)s) IS NOT NULL"

@@ -44,7 +44,8 @@ def register_ready_state() -> None:
     if SKIPPED in celery_states.READY_STATES:
         return
     celery_states.READY_STATES = _with_skipped(celery_states.READY_STATES)
-    backends_base.BaseBackend.READY_STATES = celery_states.READY_STATES
+    # On the root class: key-value backends (Redis, cache) derive from Backend, not BaseBackend.
+    backends_base.Backend.READY_STATES = celery_states.READY_STATES
     kv = backends_base.BaseKeyValueStoreBackend
     for attribute in ("_filter_ready", "_mget_to_results", "get_many"):
         function = getattr(kv, attribute)

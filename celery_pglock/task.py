@@ -30,6 +30,7 @@ from celery_pglock.errors import (
 from celery_pglock.keys import check_lock_name, check_slot, default_lock_name, lock_key
 from celery_pglock.ledger import FAILED, SUCCEEDED, Claim, Skip, record_failure_after_rollback
 from celery_pglock.locks import Lease, abandon, acquire, release
+from celery_pglock.outage import OutageLog
 from celery_pglock.schema import Tables
 from celery_pglock.states import SKIPPED
 
@@ -41,6 +42,7 @@ MAX_DB_RETRY_COUNTDOWN = 60.0
 BUILTIN_PREFIX = "celery."
 
 _settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
+_outage = OutageLog(logger, "pglock_db_back")  # per process: one ERROR line per outage
 
 
 def app_settings(app: Celery) -> Settings:
@@ -103,20 +105,21 @@ class PgLockMixin:
         slot = self._pglock_slot(options, args, kwargs)
         if slot is None and options.scheduled_only:
             return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        lock_name = self._pglock_name(options, args, kwargs)
         claim = Claim(
-            lock_name=self._pglock_name(options, args, kwargs),
-            key=0,
+            lock_name=lock_name,
+            key=lock_key(lock_name),
             slot=slot,
             task_id=self.request.id,
             task_name=self.name,
             pid=os.getpid(),
         )
-        claim = Claim(**{**claim.__dict__, "key": lock_key(claim.lock_name)})
         try:
             db = database(app_settings(self.app))
             outcome = acquire(db, claim, options.scope, options.lease)
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
+        _outage.succeeded()
         if isinstance(outcome, Skip):
             self._pglock_report_skip(outcome)
         return self._pglock_run(db, outcome, args, kwargs)
@@ -156,8 +159,8 @@ class PgLockMixin:
             conn = lease.connection
             conn.rollback()
             record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
-            conn.autocommit = True
-            db.putconn(conn, clean=True)
+            # Stop the heartbeat for this lease; the pool's reset frees the body's locks.
+            abandon(db, lease)
         except Exception:  # the body's exception matters more than the bookkeeping's
             logger.exception("could not record the failure of %r", lease.lock)
             if lease.scope == "transaction":
@@ -204,7 +207,13 @@ class PgLockMixin:
             skip.lock,
             skip.slot,
             holder.get("task_id"),
-            extra={"action": "pglock_task_skipped", "reason": skip.reason, "lock": skip.lock},
+            extra={
+                "action": "pglock_task_skipped",
+                "reason": skip.reason,
+                "lock": skip.lock,
+                "slot": skip.slot,
+                "token": skip.token,
+            },
         )
         raise Ignore()
 
@@ -222,7 +231,8 @@ class PgLockMixin:
             )
             return super().__call__(*args, **kwargs)  # type: ignore[misc]
         if policy == "fail" or self.request.called_directly or self.request.is_eager:
-            logger.error(
+            logger.log(
+                _outage.failed(),
                 "%s[%s] failed: %s",
                 self.name,
                 self.request.id,
@@ -232,7 +242,8 @@ class PgLockMixin:
             raise exc
         retries = self.request.retries or 0
         countdown = min(MAX_DB_RETRY_COUNTDOWN, 2.0**retries)
-        logger.error(
+        logger.log(
+            _outage.failed(),
             "%s[%s] will be retried in %.0f s (attempt %d of %d): %s",
             self.name,
             self.request.id,

@@ -91,6 +91,9 @@ WITH released AS (
       FROM pg_locks l
       JOIN pg_stat_activity a ON a.pid = l.pid
       LEFT JOIN {holders} h ON h.lock_key = %(key)s AND h.backend_pid = l.pid
+            -- not a row an earlier run left on this backend (a transaction-scope
+            -- holder's own row is uncommitted, and its transaction has an xid)
+            AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
        AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
        AND l.pid <> pg_backend_pid()

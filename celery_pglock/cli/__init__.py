@@ -1,0 +1,1 @@
+"""Command lines: ``celery -A proj pglock …`` (``command``), ``celery-pglock`` (``standalone``)."""

@@ -1,0 +1,200 @@
+"""Plain aligned text for people, JSON for scripts: how ``celery pglock`` prints.
+
+Times are shown in UTC with a ``Z`` and an age (``4m12s ago``): an operator comparing
+hosts in different zones should never have to convert.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from celery_pglock.ops import Row, jsonable
+
+NONE = "-"
+
+
+def echo_json(payload: Any) -> None:
+    click.echo(json.dumps(jsonable(payload), indent=2, sort_keys=False))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell; ``None`` shows as ``-``."""
+    cells = [[NONE if value is None else str(value) for value in row] for row in rows]
+    widths = [len(header) for header in headers]
+    for row in cells:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
+    lines = [headers, *cells]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def section(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    body = table(headers, rows) if rows else "  (none)"
+    return f"{title}\n{body}"
+
+
+def when(moment: datetime | None, now: datetime | None = None) -> str | None:
+    """``2026-11-29 03:00:01Z (4m12s ago)``."""
+    if moment is None:
+        return None
+    now = now or datetime.now(timezone.utc)
+    stamp = moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return f"{stamp} ({duration((now - moment).total_seconds())} ago)"
+
+
+def duration(seconds: float | None) -> str | None:
+    """``0.42s``, ``3m04s``, ``2h05m``, ``3d04h``."""
+    if seconds is None:
+        return None
+    if seconds < 60:
+        return f"{max(seconds, 0.0):.2f}s" if seconds < 10 else f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"
+
+
+def _who(session: Row | None) -> tuple[Any, Any, Any]:
+    if session is None:
+        return None, None, None
+    return session.get("host"), session.get("pid"), session.get("task_id")
+
+
+def locks_text(locks: list[Row]) -> str:
+    headers = ("LOCK", "KEY", "SCOPE", "HOST", "PID", "TASK ID", "SLOT", "TOKEN", "SINCE")
+    rows = []
+    for lock in locks:
+        holder = lock["holder"] or {}
+        rows.append(
+            (
+                lock["lock"] or "(unknown name)",
+                lock["key"],
+                holder.get("scope"),
+                *_who(lock["holder"]),
+                holder.get("slot"),
+                holder.get("token"),
+                when(holder.get("since")),
+            )
+        )
+    text = section(f"HELD LOCKS ({len(rows)})", headers, rows)
+    waiting = [(lock["lock"], waiter) for lock in locks for waiter in lock["waiters"]]
+    if waiting:
+        text += "\n\n" + waiters_text(waiting)
+    return text
+
+
+def waiters_text(waiting: list[tuple[str, Row]]) -> str:
+    headers = ("LOCK", "BACKEND", "APPLICATION", "WAITING SINCE")
+    rows = [
+        (name, w["backend_pid"], w["application_name"], when(w.get("waiting_since")))
+        for name, w in waiting
+    ]
+    return section(f"WAITERS ({len(rows)})", headers, rows)
+
+
+def beat_text(beat: Row) -> str:
+    headers = ("ROLE", "HOST", "PID", "BACKEND", "APPLICATION")
+    rows: list[Sequence[Any]] = []
+    sessions = [("leader", beat["leader"])] if beat["leader"] else []
+    sessions += [("standby", standby) for standby in beat["standbys"]]
+    for role, session in sessions:
+        pids = (session["pid"], session["backend_pid"])
+        rows.append((role, session["host"], *pids, session["application_name"]))
+    title = f"BEAT ({beat['lock']}): " + ("leader elected" if beat["leader"] else "no leader")
+    return section(title, headers, rows)
+
+
+def running_text(running: list[Row]) -> str:
+    headers = ("LOCK", "SLOT", "TASK", "ATTEMPT", "TOKEN", "HOST", "PID", "STARTED", "HOLDER")
+    rows = [
+        (
+            run["lock_name"],
+            run["slot"],
+            run["task_name"],
+            run["attempts"],
+            run["token"],
+            run["host"],
+            run["pid"],
+            when(run["started_at"]),
+            "alive" if run["holder_alive"] else "GONE (awaits retry)",
+        )
+        for run in running
+    ]
+    return section(f"RUNNING ({len(rows)})", headers, rows)
+
+
+def skips_text(skips: list[Row]) -> str:
+    headers = ("AT", "LOCK", "SLOT", "REASON", "TASK ID", "HOST", "HOLDER TASK ID")
+    return section(f"RECENT SKIPS ({len(skips)})", headers, [_skip_row(s) for s in skips])
+
+
+def _skip_row(skip: Row) -> tuple[Any, ...]:
+    who = (skip["task_id"], skip["host"], skip["holder_task_id"])
+    return (when(skip["at"]), skip["lock_name"], skip["slot"], skip["reason"], *who)
+
+
+def runs_text(runs: list[Row]) -> str:
+    headers = (
+        "LOCK",
+        "SLOT",
+        "STATE",
+        "ATTEMPTS",
+        "TOKEN",
+        "HOST",
+        "STARTED",
+        "DURATION",
+        "SKIPS",
+        "REASON",
+    )
+    rows = [
+        (
+            run["lock_name"],
+            run["slot"],
+            run["state"],
+            run["attempts"],
+            run["token"],
+            run["host"],
+            when(run["started_at"] or run["scheduled_at"]),
+            duration(run["duration_seconds"]),
+            _skips(run),
+            run["reason"],
+        )
+        for run in runs
+    ]
+    return table(headers, rows)
+
+
+def _skips(run: Row) -> str:
+    reasons = run.get("skip_reasons") or {}
+    if not run["skips"]:
+        return "0"
+    detail = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
+    return f"{run['skips']} ({detail})"
+
+
+def holders_text(name: str, holders: list[Row]) -> str:
+    headers = ("BACKEND", "HOST", "PID", "TASK ID", "SCOPE", "SINCE", "APPLICATION")
+    rows = [
+        (
+            h["backend_pid"],
+            h["host"],
+            h["pid"],
+            h["task_id"],
+            h["scope"],
+            when(h["since"]),
+            h["application_name"],
+        )
+        for h in holders
+    ]
+    return section(f"HOLDER OF {name}", headers, rows)

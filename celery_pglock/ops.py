@@ -1,0 +1,347 @@
+"""What an operator asks at 3 AM, as functions: who holds what, what ran, end a holder.
+
+``celery pglock status|runs|release`` are thin shells around these; they are usable from
+Python too (a health check, a dashboard). Every function takes an open connection and the
+app's ``Tables``, reads PostgreSQL's own view of advisory locks (``pg_locks`` joined with
+``pg_stat_activity``) together with our tables, and returns plain JSON-ready dicts.
+
+Lock names: ``pg_locks`` only knows 64-bit keys. A name is found in the ``holders`` table
+(every session-scope grant, and every committed transaction-scope one) or among the names
+the caller passes (the app's tasks, the beat leader lock). A transaction-scope holder's
+uncommitted rows are invisible to others, so who it is comes from the
+``application_name`` it set (``pglock <pid> <task id> <host>``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import re
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from celery_pglock import db as pgdb
+from celery_pglock.config import Settings
+from celery_pglock.db import Connection
+from celery_pglock.errors import SchemaMissing
+from celery_pglock.keys import lock_key, split_key
+from celery_pglock.ledger import parse_application_name
+from celery_pglock.schema import Tables
+
+logger = logging.getLogger("celery_pglock")
+
+Row = dict[str, Any]
+
+RUN_STATES = ("scheduled", "running", "succeeded", "failed")
+RELEASE_WAIT = 5.0  # seconds to wait for terminated sessions to let go of the lock
+_OUR_SESSION = re.compile(r"^celery-pglock(?P<role>.*?) (?P<pid>\d+)@(?P<host>.+)$")
+_LIKE_SPECIAL = re.compile(r"([\\%_])")
+
+
+def leader_lock_name(namespace: str) -> str:
+    """The lock the beat replicas of ``namespace`` compete for (see ``beat``)."""
+    return f"{namespace}:beat-leader"
+
+
+def operator() -> str:
+    """``user@host`` of whoever runs this process, for audit lines."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with datetimes as ISO-8601 strings and decimals as floats, recursively."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    return value
+
+
+def require_tables(conn: Connection, tables: Tables) -> int:
+    """The schema version, or ``SchemaMissing`` saying where we looked and what to do."""
+    version = pgdb.current_version(conn, tables)
+    if version is None:
+        raise SchemaMissing(
+            f"no celery-pglock tables in schema {tables.schema!r} with prefix "
+            f"{tables.prefix!r}: nothing has run yet, or pglock_schema/pglock_table_prefix "
+            "differ from the workers' (`celery pglock migrate` creates the tables)"
+        )
+    return version
+
+
+def _fetch(conn: Connection, query: bytes, params: Mapping[str, Any]) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()
+
+
+# -- who holds what ----------------------------------------------------------------------
+
+
+def describe_session(row: Row) -> Row:
+    """Who a lock session belongs to: holder row, else the application_name we set."""
+    app_name = row.get("application_name")
+    if row.get("recorded"):
+        who = {"host": row["host"], "pid": row["pid"], "task_id": row["task_id"]}
+        who.update(scope="session", slot=row["slot"], token=row["token"], since=row["since"])
+    elif app_name and app_name.startswith("pglock "):
+        who = {**parse_application_name(app_name), "scope": "transaction"}
+        who.update(slot=None, token=None, since=row.get("xact_start"))
+    else:
+        who = {**_our_session(app_name), "scope": None, "slot": None, "token": None}
+        who["since"] = None
+    who.update(
+        backend_pid=row["backend_pid"],
+        application_name=app_name,
+        client_addr=row.get("client_addr"),
+        user=row.get("usename"),
+    )
+    return who
+
+
+def _our_session(app_name: str | None) -> Row:
+    match = _OUR_SESSION.match(app_name or "")
+    if match is None:
+        return {"host": None, "pid": None, "task_id": None}
+    return {"host": match["host"], "pid": int(match["pid"]), "task_id": None}
+
+
+def _waiter(row: Row) -> Row:
+    who = describe_session(row)
+    return {**who, "scope": None, "since": None, "waiting_since": row.get("query_start")}
+
+
+def locks(conn: Connection, tables: Tables, known_names: Iterable[str] = ()) -> list[Row]:
+    """Advisory locks of this app: one dict per key with its holder and its waiters."""
+    names = sorted(set(known_names))
+    params = {"keys": [lock_key(name) for name in names], "names": names}
+    found: dict[int, Row] = {}
+    for row in _fetch(conn, tables.query("ops_locks"), params):
+        entry = found.setdefault(
+            row["lock_key"],
+            {"lock": row["lock_name"], "key": row["lock_key"], "holder": None, "waiters": []},
+        )
+        if row["granted"] and entry["holder"] is None:
+            entry["holder"] = describe_session(row)
+        elif not row["granted"]:
+            entry["waiters"].append(_waiter(row))
+    return list(found.values())
+
+
+def beat_view(all_locks: Iterable[Row], namespace: str) -> Row:
+    """The beat leader and the standbys waiting to take over, from the leader lock."""
+    name = leader_lock_name(namespace)
+    key = lock_key(name)
+    entry = next((lock for lock in all_locks if lock["key"] == key), None)
+    leader = entry["holder"] if entry else None
+    standbys = entry["waiters"] if entry else []
+    return {"lock": name, "key": key, "leader": leader, "standbys": standbys}
+
+
+def running(conn: Connection, tables: Tables, limit: int = 100) -> list[Row]:
+    """Ledger rows in state ``running``; ``holder_alive`` false means an orphan."""
+    return _fetch(conn, tables.query("ops_running"), {"limit": limit})
+
+
+def recent_skips(conn: Connection, tables: Tables, limit: int = 20) -> list[Row]:
+    """The newest entries of the skip log."""
+    return _fetch(conn, tables.query("ops_recent_skips"), {"limit": limit})
+
+
+@dataclass(frozen=True)
+class Status:
+    """Everything ``celery pglock status`` shows."""
+
+    namespace: str
+    tables: Tables
+    locks: list[Row]
+    beat: Row
+    running: list[Row]
+    skips: list[Row]
+
+    def as_json(self) -> Row:
+        payload: Row = jsonable(
+            {
+                "namespace": self.namespace,
+                "schema": self.tables.schema,
+                "table_prefix": self.tables.prefix,
+                "locks": self.locks,
+                "beat": self.beat,
+                "running": self.running,
+                "skips": self.skips,
+            }
+        )
+        return payload
+
+
+def status(
+    conn: Connection,
+    tables: Tables,
+    *,
+    namespace: str,
+    known_names: Iterable[str] = (),
+    skips: int = 20,
+) -> Status:
+    """Held locks (without the beat leader lock), beat, running rows and recent skips."""
+    require_tables(conn, tables)
+    leader = leader_lock_name(namespace)
+    found = locks(conn, tables, [*known_names, leader])
+    return Status(
+        namespace=namespace,
+        tables=tables,
+        locks=[lock for lock in found if lock["lock"] != leader],
+        beat=beat_view(found, namespace),
+        running=running(conn, tables),
+        skips=recent_skips(conn, tables, skips) if skips > 0 else [],
+    )
+
+
+# -- history -----------------------------------------------------------------------------
+
+
+def like_pattern(text: str) -> str:
+    """A LIKE pattern matching ``text`` exactly, except that ``*`` matches anything."""
+    return _LIKE_SPECIAL.sub(r"\\\1", text).replace("*", "%")
+
+
+def runs(
+    conn: Connection,
+    tables: Tables,
+    *,
+    task: str | None = None,
+    since: datetime | None = None,
+    state: str | None = None,
+    limit: int = 50,
+) -> list[Row]:
+    """Ledger history, newest first, with duration and skip counts per run."""
+    require_tables(conn, tables)
+    if state is not None and state not in RUN_STATES:
+        raise ValueError(f"state must be one of {RUN_STATES}, got {state!r}")
+    params = {
+        "task": like_pattern(task) if task else None,
+        "since": since,
+        "state": state,
+        "limit": limit,
+    }
+    return _fetch(conn, tables.query("ops_runs"), params)
+
+
+# -- ending a holder ---------------------------------------------------------------------
+
+
+def holders(conn: Connection, tables: Tables, name: str) -> list[Row]:
+    """Who holds lock ``name`` right now (normally one session; empty if free)."""
+    require_tables(conn, tables)
+    key = lock_key(name)
+    classid, objid = split_key(key)
+    params = {"key": key, "classid": classid, "objid": objid}
+    return [describe_session(row) for row in _fetch(conn, tables.query("ops_lock_holders"), params)]
+
+
+@dataclass(frozen=True)
+class Released:
+    """What ``release`` did: the sessions ended, and whether they let go in time."""
+
+    lock: str
+    key: int
+    terminated: list[Row]
+    released: bool
+    operator: str
+
+    def as_json(self) -> Row:
+        payload: Row = jsonable(self.__dict__)
+        return payload
+
+
+def release(
+    conn: Connection, tables: Tables, name: str, *, wait: float = RELEASE_WAIT
+) -> Released | None:
+    """End the session(s) holding ``name`` (``pg_terminate_backend``); None if it is free.
+
+    The server frees a session's advisory locks when it ends it; the holder learns on its
+    next use of the connection (its lease heartbeat, at most a third of the lease later)
+    and reports ``lock_lost``. The operator is logged at WARNING: ending someone's session
+    is an action to be able to trace.
+    """
+    found = holders(conn, tables, name)
+    if not found:
+        return None
+    key = lock_key(name)
+    classid, objid = split_key(key)
+    params = {"classid": classid, "objid": objid, "pids": [h["backend_pid"] for h in found]}
+    ended = {row["backend_pid"] for row in _fetch(conn, tables.query("ops_terminate"), params)}
+    terminated = [h for h in found if h["backend_pid"] in ended]
+    done = Released(name, key, terminated, _wait_released(conn, tables, params, wait), operator())
+    for holder in terminated:
+        _log_release(done, holder)
+    return done
+
+
+def _wait_released(conn: Connection, tables: Tables, params: Row, wait: float) -> bool:
+    """Poll until the ended sessions no longer hold the lock (termination is asynchronous)."""
+    deadline = time.monotonic() + wait
+    query = tables.query("ops_still_held")
+    while True:
+        row = conn.execute(query, params).fetchone()
+        if row is None or row[0] == 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _log_release(done: Released, holder: Row) -> None:
+    logger.warning(
+        "lock %r released by %s: terminated backend %d (holder %s pid %s task %s)",
+        done.lock,
+        done.operator,
+        holder["backend_pid"],
+        holder.get("host"),
+        holder.get("pid"),
+        holder.get("task_id"),
+        extra={
+            "action": "pglock_lock_released",
+            "lock": done.lock,
+            "slot": holder.get("slot"),
+            "token": holder.get("token"),
+            "operator": done.operator,
+            "backend_pid": holder["backend_pid"],
+        },
+    )
+
+
+# -- schema ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Migrated:
+    applied: list[int]
+    version: int
+    schema: str
+    table_prefix: str
+
+    def as_json(self) -> Row:
+        return dict(self.__dict__)
+
+
+def migrate(settings: Settings, **connect_overrides: Any) -> Migrated:
+    """Create or upgrade the tables now (what workers otherwise do on first use)."""
+    tables = Tables(settings.schema, settings.table_prefix)
+    with pgdb.connect(settings, **connect_overrides) as conn:
+        applied = pgdb.migrate(conn, tables)
+        version = pgdb.current_version(conn, tables) or 0
+    return Migrated(applied, version, tables.schema, tables.prefix)

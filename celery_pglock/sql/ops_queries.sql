@@ -1,0 +1,153 @@
+-- Named queries of the operator commands (`celery pglock status|runs|prune|release`);
+-- see queries.sql for the conventions. Reads take no row locks; prune deletes in small
+-- batches with SKIP LOCKED, so it never waits on a claim and never blocks one for long.
+-- A bigint advisory lock shows in pg_locks as classid = high 32 bits, objid = low 32
+-- bits, objsubid = 1 (keys.split_key).
+
+-- name: ops_locks
+-- Every advisory lock held or awaited in this database whose key this app knows (its
+-- holders table, or the lock names passed in) or whose session celery-pglock labelled
+-- (application_name), with the session and, for session-scope holders, the holder row.
+-- `recorded`: the holder row describes the current holder. A transaction-scope holder's
+-- own row update is invisible until it commits; what we see then is an older run's row
+-- (same backend, written before the current transaction, which has written: an xid).
+WITH known AS (
+    SELECT k.lock_key, k.lock_name
+      FROM unnest(%(keys)s::bigint[], %(names)s::text[]) AS k(lock_key, lock_name)
+), locks AS (
+    SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key, l.pid, l.granted
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.pid <> pg_backend_pid()
+)
+SELECT l.lock_key, l.granted, l.pid AS backend_pid,
+       coalesce(h.lock_name, k.lock_name) AS lock_name,
+       a.application_name, host(a.client_addr) AS client_addr, a.usename,
+       a.backend_start, a.xact_start, a.query_start,
+       (h.backend_pid = l.pid AND l.granted AND h.since >= a.backend_start
+        AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)) AS recorded,
+       h.task_id, h.host, h.pid, h.slot, h.token, h.since
+  FROM locks l
+  JOIN pg_stat_activity a ON a.pid = l.pid
+  LEFT JOIN {holders} h ON h.lock_key = l.lock_key
+  LEFT JOIN known k ON k.lock_key = l.lock_key
+ WHERE coalesce(h.lock_name, k.lock_name) IS NOT NULL
+    OR a.application_name LIKE 'pglock %%'
+    OR a.application_name LIKE 'celery-pglock%%'
+ ORDER BY lock_name, l.lock_key, l.granted DESC, a.query_start;
+
+-- name: ops_running
+-- Ledger rows in state `running`, and whether the backend that claimed them still holds
+-- the lock (false: the worker died and the row waits for a retry or redelivery).
+SELECT r.lock_name, r.slot, r.lock_key, r.state, r.attempts, r.token, r.task_id, r.task_name,
+       r.host, r.pid, r.backend_pid, r.entry, r.started_at,
+       extract(epoch FROM now() - r.started_at)::float8 AS running_seconds,
+       EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.pid = r.backend_pid
+              AND l.classid = ((r.lock_key >> 32) & 4294967295)::oid
+              AND l.objid = (r.lock_key & 4294967295)::oid
+       ) AS holder_alive
+  FROM {runs} r
+ WHERE r.state = 'running'
+ ORDER BY r.started_at
+ LIMIT %(limit)s;
+
+-- name: ops_recent_skips
+SELECT id, at, lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id
+  FROM {skips}
+ ORDER BY at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: ops_runs
+-- Ledger history, newest first. A NULL filter matches everything; `task` is a LIKE
+-- pattern matched against the task name and the lock name. Skips are counted per
+-- (lock name, slot) from the skip log, by reason.
+SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_name, r.task_id, r.host,
+       r.pid, r.entry, r.sent_by, r.reason, r.scheduled_at, r.started_at, r.finished_at,
+       r.updated_at,
+       extract(epoch FROM coalesce(r.finished_at, CASE WHEN r.state = 'running' THEN now() END)
+                          - r.started_at)::float8 AS duration_seconds,
+       coalesce(s.skips, 0) AS skips,
+       coalesce(s.reasons, '{{}}'::jsonb) AS skip_reasons
+  FROM {runs} r
+  LEFT JOIN LATERAL (
+        SELECT sum(g.n)::integer AS skips, jsonb_object_agg(g.reason, g.n) AS reasons
+          FROM (SELECT k.reason, count(*) AS n FROM {skips} k
+                 WHERE k.lock_name = r.lock_name AND k.slot = r.slot
+                 GROUP BY k.reason) g
+  ) s ON true
+ WHERE (%(task)s::text IS NULL OR r.task_name LIKE %(task)s OR r.lock_name LIKE %(task)s)
+   AND (%(state)s::text IS NULL OR r.state = %(state)s)
+   AND (%(since)s::timestamptz IS NULL OR r.updated_at >= %(since)s)
+ ORDER BY coalesce(r.started_at, r.scheduled_at, r.created_at) DESC, r.lock_name, r.slot
+ LIMIT %(limit)s;
+
+-- name: ops_lock_holders
+-- The sessions that hold one lock now (normally one), with the holder row if recorded.
+SELECT l.pid AS backend_pid, a.application_name, host(a.client_addr) AS client_addr,
+       a.usename, a.backend_start, a.xact_start,
+       (h.backend_pid = l.pid AND h.since >= a.backend_start
+        AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)) AS recorded,
+       h.task_id, h.host, h.pid, h.slot, h.token, h.since
+  FROM pg_locks l
+  JOIN pg_stat_activity a ON a.pid = l.pid
+  LEFT JOIN {holders} h ON h.lock_key = %(key)s
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.pid <> pg_backend_pid();
+
+-- name: ops_terminate
+-- End the sessions in `pids` that still hold the lock (a holder that finished meanwhile,
+-- or a backend pid reused since we looked, is left alone).
+SELECT l.pid AS backend_pid, pg_terminate_backend(l.pid) AS terminated
+  FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.pid = ANY(%(pids)s::integer[]);
+
+-- name: ops_still_held
+SELECT count(*) FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+   AND l.pid = ANY(%(pids)s::integer[]);
+
+-- name: prune_skips
+-- One batch of skip-log rows older than the cutoff.
+DELETE FROM {skips}
+ WHERE id IN (SELECT id FROM {skips}
+               WHERE at < now() - make_interval(secs => %(seconds)s)
+               ORDER BY at
+               LIMIT %(batch)s
+                 FOR UPDATE SKIP LOCKED);
+
+-- name: prune_runs
+-- One batch of ledger rows untouched for longer than the cutoff. A `running` row whose
+-- backend still holds the lock is a long job, not an orphan: it is kept. Rows another
+-- transaction has locked (a claim in progress) are skipped, never waited for.
+DELETE FROM {runs} AS r
+ USING (SELECT o.lock_name, o.slot FROM {runs} o
+         WHERE o.updated_at < now() - make_interval(secs => %(seconds)s)
+           AND NOT (o.state = 'running' AND EXISTS (
+                 SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                    AND l.pid = o.backend_pid
+                    AND l.classid = ((o.lock_key >> 32) & 4294967295)::oid
+                    AND l.objid = (o.lock_key & 4294967295)::oid))
+         LIMIT %(batch)s
+           FOR UPDATE OF o SKIP LOCKED) AS old
+ WHERE r.lock_name = old.lock_name AND r.slot = old.slot;
+
+-- name: prune_beat_sends
+-- One batch of beat send claims older than the cutoff (beat only claims slots younger
+-- than its grace period, seconds, so an old claim is never needed again).
+DELETE FROM {beat_sends} AS b
+ USING (SELECT namespace, entry, slot FROM {beat_sends}
+         WHERE claimed_at < now() - make_interval(secs => %(seconds)s)
+         LIMIT %(batch)s
+           FOR UPDATE SKIP LOCKED) AS old
+ WHERE b.namespace = old.namespace AND b.entry = old.entry AND b.slot = old.slot;

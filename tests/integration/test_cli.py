@@ -1,0 +1,370 @@
+"""``celery -A proj pglock …`` against a real PostgreSQL, with locks held by real processes.
+
+Most tests drive the click group in-process (``CliRunner``, with the ``CLIContext`` that
+``celery -A`` builds); the last ones run the real ``celery`` and ``celery-pglock``
+command lines to prove the entry points and exit codes end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
+
+from celery_pglock import PgLockTask
+from celery_pglock.cli.command import pglock
+from celery_pglock.cli.standalone import cli as standalone_cli
+from celery_pglock.config import Settings
+from celery_pglock.db import HOSTNAME, Database
+from celery_pglock.ledger import FAILED, SUCCEEDED
+from celery_pglock.locks import acquire, release
+from tests.fixtures.procs import Procs
+from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
+from tests.integration.test_ops import SLOT, start_holder
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "Sup3rS3cretPw"  # noqa: S105 - fake; must never be printed
+UNREACHABLE_DSN = f"postgresql://app:{PASSWORD}@127.0.0.1:1/app"
+TASK = "cli.job"
+
+STATUS_KEYS = {"namespace", "schema", "table_prefix", "locks", "beat", "running", "skips"}
+LOCK_KEYS = {"lock", "key", "holder", "waiters"}
+HOLDER_KEYS = {"host", "pid", "task_id", "scope", "slot", "token", "since", "backend_pid"}
+HOLDER_KEYS |= {"application_name", "client_addr", "user"}
+RUN_KEYS = {"lock_name", "slot", "state", "attempts", "token", "task_name", "task_id", "host"}
+RUN_KEYS |= {"pid", "started_at", "finished_at", "duration_seconds", "skips", "skip_reasons"}
+
+
+def make_app(dsn: str, schema: str, **conf: Any) -> Celery:
+    """An app like a user's: one locked task, namespace = the test's schema."""
+    app = Celery("cliapp", set_as_current=False)
+    app.conf.update(pglock_dsn=dsn, pglock_schema=schema, pglock_namespace=schema, **conf)
+
+    @app.task(base=PgLockTask, name=TASK, shared=False)
+    def job() -> None:
+        """Never run here: only its lock name matters."""
+
+    return app
+
+
+def invoke(app: Celery, *args: str) -> Result:
+    """``celery -A app pglock *args``, in-process."""
+    obj = CLIContext(app=app, no_color=True, workdir=None)
+    return CliRunner().invoke(pglock, list(args), obj=obj)
+
+
+@pytest.fixture
+def app(pg_dsn: str, pglock_schema: str) -> Celery:
+    return make_app(pg_dsn, pglock_schema)
+
+
+@pytest.fixture
+def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
+    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema)) as database:
+        yield database
+
+
+@pytest.fixture
+def conn(pg_dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(pg_dsn, autocommit=True) as connection:
+        yield connection
+
+
+def task_lock(schema: str) -> str:
+    return f"{schema}:{TASK}"
+
+
+# -- migrate -----------------------------------------------------------------------------
+
+
+def test_migrate_sql_prints_the_schema_without_a_database(pglock_schema: str) -> None:
+    """migrate --sql prints the DDL for a DBA, even with PostgreSQL unreachable."""
+    result = invoke(make_app(UNREACHABLE_DSN, pglock_schema), "migrate", "--sql")
+
+    assert 0 == result.exit_code, result.output
+    assert f'CREATE TABLE IF NOT EXISTS "{pglock_schema}"."pglock_runs"' in result.stdout
+    assert PASSWORD not in result.output
+
+
+def test_migrate_applies_then_reports_up_to_date(app: Celery, pglock_schema: str) -> None:
+    """migrate creates the tables once; a second run applies nothing (JSON for scripts)."""
+    first = invoke(app, "migrate", "--json")
+    second = invoke(app, "migrate", "--json")
+
+    assert (0, 0) == (first.exit_code, second.exit_code), first.output + second.output
+    assert {"applied": [1], "version": 1, "schema": pglock_schema} == {
+        key: json.loads(first.stdout)[key] for key in ("applied", "version", "schema")
+    }
+    assert [] == json.loads(second.stdout)["applied"]
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+def test_status_json_describes_holder_running_row_and_skips(
+    app: Celery, db: Database, procs: Procs, pglock_schema: str
+) -> None:
+    """status --json: the task's lock with its holder, the running row, the skip log."""
+    name = task_lock(pglock_schema)
+    holder = start_holder(procs, db.settings.dsn, pglock_schema, name, slot=SLOT, task_id="t-1")
+    acquire(db, claim(name, SLOT, "t-dup"), "session", None)  # a duplicate: skipped
+
+    result = invoke(app, "status", "--json")
+
+    assert 0 == result.exit_code, result.output
+    payload = json.loads(result.stdout)
+    assert STATUS_KEYS == set(payload)
+    [lock] = [entry for entry in payload["locks"] if entry["lock"] == name]
+    assert LOCK_KEYS == set(lock)
+    assert HOLDER_KEYS == set(lock["holder"])
+    assert (HOSTNAME, holder.proc.pid, "t-1", SLOT, holder.token) == tuple(
+        lock["holder"][key] for key in ("host", "pid", "task_id", "slot", "token")
+    )
+    assert [(name, SLOT, True)] == [
+        (run["lock_name"], run["slot"], run["holder_alive"]) for run in payload["running"]
+    ]
+    assert [("locked", "t-dup", "t-1")] == [
+        (skip["reason"], skip["task_id"], skip["holder_task_id"]) for skip in payload["skips"]
+    ]
+    assert {"lock", "key", "leader", "standbys"} == set(payload["beat"])
+
+
+def test_status_table_shows_lock_host_task_and_health(
+    app: Celery, db: Database, procs: Procs, pglock_schema: str
+) -> None:
+    """The human table names the lock, the holder's host and task id, and its health."""
+    name = task_lock(pglock_schema)
+    start_holder(procs, db.settings.dsn, pglock_schema, name, slot=SLOT, task_id="t-table")
+
+    result = invoke(app, "status")
+
+    assert 0 == result.exit_code, result.output
+    held_section = result.stdout.split("\n\n")[1]  # after the header line
+    [row] = [line for line in held_section.splitlines() if line.startswith(f"{name} ")]
+    assert {"session", HOSTNAME, "t-table", SLOT} <= set(row.split())
+    assert "alive" in result.stdout
+    assert "BEAT" in result.stdout
+
+
+def test_status_of_one_lock_exits_1_when_free(
+    app: Celery, db: Database, procs: Procs, pglock_schema: str
+) -> None:
+    """status TASK exits 1 while nobody holds the task's lock, 0 with its holder once held."""
+    free = invoke(app, "status", TASK)
+    start_holder(procs, db.settings.dsn, pglock_schema, task_lock(pglock_schema), task_id="t-h")
+    held = invoke(app, "status", TASK, "--json")
+
+    assert 1 == free.exit_code, free.output
+    assert "not held" in free.stdout
+    assert 0 == held.exit_code, held.output
+    assert "t-h" == json.loads(held.stdout)["holder"]["task_id"]
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+def test_runs_json_lists_history_and_exit_1_when_nothing_matches(
+    app: Celery, db: Database, pglock_schema: str
+) -> None:
+    """runs --json returns every field a script needs; no match exits 1; bad --since is 2."""
+    name = task_lock(pglock_schema)
+    release(db, granted(acquire(db, claim(name, SLOT), "session", None)), FAILED, "boom")
+    release(db, granted(acquire(db, claim(name, SLOT), "session", None)), SUCCEEDED)
+
+    found = invoke(app, "runs", "--task", name, "--since", "1h", "--json")
+    table = invoke(app, "runs", "--state", "succeeded")
+    nothing = invoke(app, "runs", "--state", "running")
+    bad = invoke(app, "runs", "--since", "yesterday")
+
+    assert 0 == found.exit_code, found.output
+    [run] = json.loads(found.stdout)
+    assert RUN_KEYS <= set(run)
+    assert ("succeeded", 2, 0) == (run["state"], run["attempts"], run["skips"])
+    assert 0 == table.exit_code
+    assert name in table.stdout
+    assert 1 == nothing.exit_code
+    assert 2 == bad.exit_code
+    assert "--since" in bad.output
+
+
+# -- prune -------------------------------------------------------------------------------
+
+
+def test_prune_reports_counts_and_refuses_bad_ages(
+    app: Celery, db: Database, conn: Conn, pg_dsn: str, pglock_schema: str
+) -> None:
+    """prune deletes old rows (JSON counts); too short or missing ages are usage errors."""
+    name = task_lock(pglock_schema)
+    release(db, granted(acquire(db, claim(name, SLOT), "session", None)), SUCCEEDED)
+    conn.execute(db.tables.render("UPDATE {runs} SET updated_at = now() - interval '9 days'"))
+
+    too_short = invoke(app, "prune", "--older-than", "5m")
+    missing = invoke(app, "prune")
+    done = invoke(app, "prune", "--older-than", "7d", "--json")
+    from_setting = invoke(make_app(pg_dsn, pglock_schema, pglock_ledger_retention="7d"), "prune")
+
+    assert (2, 2) == (too_short.exit_code, missing.exit_code)
+    assert "minimum" in too_short.output
+    assert "--older-than" in missing.output
+    assert 0 == done.exit_code, done.output
+    assert {"runs": 1, "skips": 0, "beat_sends": 0} == json.loads(done.stdout)["deleted"]
+    assert 0 == from_setting.exit_code, from_setting.output
+
+
+# -- release -----------------------------------------------------------------------------
+
+
+def test_release_refuses_without_yes_and_the_holder_keeps_its_lock(
+    app: Celery, db: Database, conn: Conn, procs: Procs, pglock_schema: str
+) -> None:
+    """Without --yes release shows the holder, exits 2 and ends nothing."""
+    name = task_lock(pglock_schema)
+    holder = start_holder(procs, db.settings.dsn, pglock_schema, name, task_id="t-keep")
+
+    result = invoke(app, "release", TASK)
+
+    assert 2 == result.exit_code, result.output
+    assert "--yes" in result.output
+    assert "t-keep" in result.output
+    assert [holder.backend_pid] == lock_holders(conn, name)
+
+
+def test_release_yes_ends_the_holder_which_notices(
+    app: Celery, db: Database, conn: Conn, procs: Procs, pglock_schema: str
+) -> None:
+    """release NAME --yes terminates the holder's session; the holder learns it lost the lock."""
+    name = task_lock(pglock_schema)
+    holder = start_holder(procs, db.settings.dsn, pglock_schema, name, task_id="t-end")
+
+    result = invoke(app, "release", name, "--yes", "--json")
+
+    assert 0 == result.exit_code, result.output
+    payload = json.loads(result.stdout)
+    assert (name, True) == (payload["lock"], payload["released"])
+    assert [("t-end", holder.backend_pid)] == [
+        (h["task_id"], h["backend_pid"]) for h in payload["terminated"]
+    ]
+    assert "@" in payload["operator"]
+    assert [] == lock_holders(conn, name)
+    holder.proc.wait_for_log("LOST", timeout=10)
+
+
+def test_release_refuses_a_lock_outside_the_namespace(
+    app: Celery, db: Database, procs: Procs, pglock_schema: str
+) -> None:
+    """A foreign lock name is refused (exit 2) unless --any-namespace is given."""
+    name = f"other-{pglock_schema}:job"
+    start_holder(procs, db.settings.dsn, pglock_schema, name)
+
+    refused = invoke(app, "release", name, "--yes")
+    allowed = invoke(app, "release", name, "--yes", "--any-namespace")
+
+    assert 2 == refused.exit_code, refused.output
+    assert "--any-namespace" in refused.output
+    assert 0 == allowed.exit_code, allowed.output
+
+
+def test_release_of_a_free_lock_exits_1(app: Celery, db: Database) -> None:
+    """Releasing a lock nobody holds says so and exits 1."""
+    result = invoke(app, "release", TASK, "--yes")
+
+    assert 1 == result.exit_code, result.output
+    assert "not held" in result.output
+
+
+# -- errors ------------------------------------------------------------------------------
+
+COMMANDS = {
+    "status": ("status",),
+    "status-json": ("status", "--json"),
+    "runs": ("runs",),
+    "migrate": ("migrate",),
+    "prune": ("prune", "--older-than", "7d"),
+    "release": ("release", "x:job", "--yes", "--any-namespace"),
+}
+
+
+@pytest.mark.parametrize("args", COMMANDS.values(), ids=COMMANDS.keys())
+def test_unreachable_database_exits_3_without_the_password(args: tuple[str, ...]) -> None:
+    """Every command names the unreachable server, exits 3 and never prints the password."""
+    result = invoke(make_app(UNREACHABLE_DSN, "public"), *args)
+
+    assert 3 == result.exit_code, result.output
+    assert "127.0.0.1" in result.stderr
+    assert PASSWORD not in result.output
+    assert "" == result.stdout
+
+
+def test_missing_dsn_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without pglock_dsn (or PGLOCK_DSN) the command exits 2 naming the setting."""
+    monkeypatch.delenv("PGLOCK_DSN", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    app = Celery("nodsn", set_as_current=False)
+
+    result = invoke(app, "status")
+
+    assert 2 == result.exit_code, result.output
+    assert "pglock_dsn" in result.stderr
+
+
+# -- the real command lines ----------------------------------------------------------------
+
+APP_MODULE = """
+from celery import Celery
+from celery_pglock import PgLockTask
+
+app = Celery("realcli")
+app.conf.update(pglock_dsn={dsn!r}, pglock_schema={schema!r}, pglock_namespace={schema!r})
+
+
+@app.task(base=PgLockTask, name="realcli.job")
+def job():
+    pass
+"""
+
+
+def run_celery(
+    tmp_path: Path, dsn: str, schema: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m celery -A realcli pglock *args`` in a subprocess."""
+    (tmp_path / "realcli.py").write_text(APP_MODULE.format(dsn=dsn, schema=schema))
+    argv = [sys.executable, "-m", "celery", "-A", "realcli", "pglock", *args]
+    return subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_celery_command_line_runs_pglock_status(
+    tmp_path: Path, db: Database, pg_dsn: str, pglock_schema: str
+) -> None:
+    """`celery -A proj pglock status --json` works through the celery.commands entry point."""
+    done = run_celery(tmp_path, pg_dsn, pglock_schema, "status", "--json")
+
+    assert 0 == done.returncode, done.stderr
+    assert pglock_schema == json.loads(done.stdout)["namespace"]
+
+
+def test_celery_command_line_exit_code_when_database_is_down(tmp_path: Path) -> None:
+    """Through the real `celery` script an unreachable database is exit 3, password hidden."""
+    done = run_celery(tmp_path, UNREACHABLE_DSN, "public", "runs")
+
+    assert 3 == done.returncode, done.stderr
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_standalone_command_offers_demo() -> None:
+    """`celery-pglock --help` lists the demo subcommand."""
+    result = CliRunner().invoke(standalone_cli, ["--help"])
+
+    assert 0 == result.exit_code, result.output
+    assert "demo" in result.stdout
