@@ -128,19 +128,24 @@ class LeaderElection:
                 self._closed.wait(RETRY_DELAY)
 
     def _compete(self) -> None:
-        conn = connect(self.settings, application_name=application_name(" beat standby"))
+        conn = connect(
+            self.settings,
+            application_name=application_name(" beat standby"),
+            # A leader's ping to a partitioned server fails within the lease, not TCP's minutes.
+            tcp_user_timeout=round(self.lease_seconds * 1000),
+        )
         self._waiting = conn
         try:
             conn.execute(WAIT_FOR_LEADERSHIP_SQL, {"key": self.claim.key})
+            if self._closed.is_set():
+                _close_quietly(conn)
+                return
+            self._promote(conn)
         except BaseException:
-            _close_quietly(conn)
+            _close_quietly(conn)  # closing the session frees the leader lock we may hold
             raise
         finally:
             self._waiting = None
-        if self._closed.is_set():
-            _close_quietly(conn)
-            return
-        self._promote(conn)
 
     def _promote(self, conn: Connection) -> None:
         conn.execute(NAME_SESSION_SQL, {"name": application_name(" beat leader")})
@@ -149,7 +154,10 @@ class LeaderElection:
             conn.execute(ARM_LEASE_SQL, {"lease_ms": str(round(self.lease_seconds * 1000))})
             lease = self.lease_seconds
         else:
-            logger.warning("PostgreSQL < 14: a frozen beat leader keeps leadership until it dies")
+            logger.warning(
+                "PostgreSQL < 14: a frozen beat leader keeps leadership until it dies",
+                extra={"action": "pglock_lease_unavailable"},
+            )
         granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease=lease)
         self._standby.clear()
         self._outage = False

@@ -104,7 +104,11 @@ class Lease:
             },
         )
         signals.lock_lost.send(
-            sender=None, lock=self.lock, slot=self.slot, token=self.token, cause=cause
+            sender=self.claim.task_name,
+            lock=self.lock,
+            slot=self.slot,
+            token=self.token,
+            cause=cause,
         )
 
 

@@ -2,7 +2,7 @@
 
 - ``lock_acquired(sender=task, lock, slot, token)``
 - ``task_skipped(sender=task, reason, meta)``: ``meta`` is what the result backend stores.
-- ``lock_lost(sender=task or None, lock, slot, token, cause)``
+- ``lock_lost(sender=task name or None, lock, slot, token, cause)``
 - ``beat_leader_changed(sender=scheduler, leader, previous)``: ``leader`` is True when this
   replica became the leader, False when it stepped down.
 """

@@ -19,8 +19,9 @@ from celery.backends import base as backends_base
 SKIPPED = "SKIPPED"
 
 #: Reasons a message is skipped. ``locked``: another execution holds the lock;
-#: ``done``: the slot already succeeded; ``superseded``: a newer slot already ran;
-#: ``late``: the message started later than ``pglock_max_lateness``.
+#: ``done``: the slot already succeeded. ``superseded`` (a newer slot already ran) and
+#: ``late`` (started after ``pglock_max_lateness``) are reserved for the coalescing
+#: policies, not emitted yet.
 SKIP_REASONS = ("locked", "done", "superseded", "late")
 
 

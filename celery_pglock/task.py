@@ -162,7 +162,11 @@ class PgLockMixin:
             # Stop the heartbeat for this lease; the pool's reset frees the body's locks.
             abandon(db, lease)
         except Exception:  # the body's exception matters more than the bookkeeping's
-            logger.exception("could not record the failure of %r", lease.lock)
+            logger.exception(
+                "could not record the failure of %r",
+                lease.lock,
+                extra={"action": "pglock_failure_not_recorded", "lock": lease.lock},
+            )
             if lease.scope == "transaction":
                 abandon(db, lease)
 
@@ -301,7 +305,11 @@ def _open_pool_after_fork(**_: Any) -> None:
         try:
             database(app_settings(app))
         except PgLockError as exc:  # the first task will retry and report
-            logger.error("celery-pglock could not connect after fork: %s", exc)
+            logger.error(
+                "celery-pglock could not connect after fork: %s",
+                exc,
+                extra={"action": "pglock_db_unavailable"},
+            )
 
 
 @celery_signals.worker_process_shutdown.connect
