@@ -40,7 +40,10 @@ SELECT (SELECT acquired FROM lock) AS acquired,
 
 -- name: release
 -- One round trip: record the outcome (only if this attempt still owns the row) and
--- free the lock; disarm the lease so the pooled connection may idle.
+-- free the lock; disarm the lease so the pooled connection may idle. The unlock is
+-- computed from the aggregate over `done`, so it runs after the UPDATE has locked the
+-- row: a claimer that gets the lock before our commit waits on that row, then sees
+-- `succeeded`.
 WITH done AS (
     UPDATE {runs}
        SET state = %(state)s, reason = %(reason)s, finished_at = now(), updated_at = now()
@@ -48,10 +51,11 @@ WITH done AS (
        AND state = 'running'
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM done) AS recorded,
+SELECT outcome.recorded,
        {unlock} AS released,
        {disarm_lease} AS lease,
-       set_config('application_name', %(idle_application_name)s, false) AS application_name;
+       set_config('application_name', %(idle_application_name)s, false) AS application_name
+  FROM (SELECT count(*) AS recorded FROM done) AS outcome;
 
 -- name: record_outcome
 -- After the lock's connection broke: record the outcome on a fresh connection, but only
