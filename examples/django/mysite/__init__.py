@@ -1,0 +1,5 @@
+"""The Django project; importing it loads the Celery app, so ``shared_task`` binds to it."""
+
+from mysite.celery import app as celery_app
+
+__all__ = ("celery_app",)
