@@ -20,6 +20,7 @@ from celery_pglock.fencing import fence
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.signals import beat_leader_changed, lock_acquired, lock_lost, task_skipped
+from celery_pglock.standalone import advisory_lock, run_once
 from celery_pglock.states import SKIPPED
 from celery_pglock.task import PgLockMixin, PgLockTask
 
@@ -43,11 +44,13 @@ __all__ = [
     "StaleToken",
     "TaskSkipped",
     "__version__",
+    "advisory_lock",
     "beat_leader_changed",
     "fence",
     "lock_acquired",
     "lock_key",
     "lock_lost",
     "migration_sql",
+    "run_once",
     "task_skipped",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from celery_pglock.db import HOSTNAME, Connection, Database
+from celery_pglock.db import HOSTNAME, Connection, Database, connect
 from celery_pglock.keys import split_key
 
 MAX_REASON_LENGTH = 500
@@ -142,12 +142,14 @@ def parse_application_name(name: str | None) -> dict[str, Any]:
 def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: str | None) -> bool:
     """Record an attempt's outcome on a fresh connection (its own one broke).
 
-    Only succeeds if no later attempt took the row over; returns whether it did.
+    Only succeeds if no later attempt took the row over; returns whether it did. The
+    connection is a new one, not pooled: whatever broke ours (a server restart) broke the
+    idle pooled ones too.
     """
     if claim.slot is None:
         return False
     params = {**claim.params(), "token": token, "state": state, "reason": reason}
-    with db.pool.connection() as conn:
+    with connect(db.settings) as conn:
         return conn.execute(db.tables.query("record_outcome"), params).fetchone() is not None
 
 

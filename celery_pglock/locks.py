@@ -25,7 +25,7 @@ import psycopg
 from celery_pglock import signals
 from celery_pglock.config import Scope
 from celery_pglock.db import Connection, Database, application_name, translate_error
-from celery_pglock.errors import LockLost
+from celery_pglock.errors import DatabaseUnavailable, LockLost
 from celery_pglock.ledger import (
     Claim,
     Skip,
@@ -195,15 +195,26 @@ def _fragments(db: Database, scope: Scope, lease: float | None) -> dict[str, str
     return {"try_lock": TRY_LOCK[scope], "arm_lease": arm if armed else "NULL"}
 
 
-def acquire(db: Database, claim: Claim, scope: Scope, lease: float | None) -> Lease | Skip:
-    """Try the lock and claim the slot; a ``Lease`` to run under, or the ``Skip`` why not."""
+def acquire(
+    db: Database,
+    claim: Claim,
+    scope: Scope,
+    lease: float | None,
+    *,
+    waited: Connection | None = None,
+) -> Lease | Skip:
+    """Try the lock and claim the slot; a ``Lease`` to run under, or the ``Skip`` why not.
+
+    ``waited``: a connection of ``db`` that already waited for the lock (the ``wait_lock``
+    query), used instead of a pooled one; re-entrant advisory locks make the try succeed.
+    """
     params = {
         **claim.params(),
         "lease_ms": str(round(lease * 1000)) if lease else "0",
         "application_name": holder_application_name(claim.task_id, os.getpid(), claim.host),
     }
     query = db.tables.query("acquire", **_fragments(db, scope, lease))
-    conn, row = _execute_acquire(db, query, params, scope)
+    conn, row = _execute_acquire(db, query, params, scope, waited)
     acquired, token, attempts = row
     if acquired and (claim.slot is None or attempts is not None):
         granted = Lease(claim, scope, conn, token, attempts, lease)
@@ -214,20 +225,21 @@ def acquire(db: Database, claim: Claim, scope: Scope, lease: float | None) -> Le
 
 
 def _execute_acquire(
-    db: Database, query: bytes, params: dict[str, Any], scope: Scope
+    db: Database, query: bytes, params: dict[str, Any], scope: Scope, waited: Connection | None
 ) -> tuple[Connection, tuple[Any, ...]]:
     # A pooled connection may have died while idle (server restart, a DBA's
     # idle_session_timeout): such a failure is retried once on a fresh connection.
     for attempt in range(2):
-        conn = db.getconn()
+        conn = waited if waited is not None else db.getconn()
         try:
-            conn.autocommit = scope == "session"
+            if conn.autocommit != (scope == "session"):  # a waited one is in its transaction
+                conn.autocommit = scope == "session"
             row = conn.execute(query, params).fetchone()
             assert row is not None
             return conn, row
         except psycopg.OperationalError as exc:
             db.putconn(conn, clean=False)
-            if attempt == 1 or not conn.closed:
+            if attempt == 1 or waited is not None or not conn.closed:
                 raise translate_error(exc, db.settings) from None
         except BaseException:
             db.putconn(conn, clean=False)
@@ -292,7 +304,7 @@ def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None)
         return False  # transaction scope: the outcome rolled back with the body
     try:
         return record_outcome(db, lease.claim, lease.token, state, reason)
-    except (psycopg.Error, OSError):
+    except (psycopg.Error, OSError, DatabaseUnavailable):
         return False
 
 

@@ -38,6 +38,21 @@ SELECT (SELECT acquired FROM lock) AS acquired,
        (SELECT token FROM holder) AS token,
        (SELECT attempts FROM claim) AS attempts;
 
+-- name: wait_lock
+-- Wait in the server's lock queue (first come, first served) for the advisory lock, at
+-- most %(timeout_ms)s ms ('0': no limit; LockNotAvailable when it runs out), the lease
+-- armed in case this process freezes the moment it is granted. `acquire` then claims it
+-- on the same connection at once (advisory locks are re-entrant). lock_timeout is put
+-- back after the wait: the body of a transaction-scope lock must not inherit it.
+WITH armed AS (
+    SELECT current_setting('lock_timeout') AS previous,
+           set_config('lock_timeout', %(timeout_ms)s, true) AS lock_timeout,
+           {arm_lease} AS lease
+), waited AS (
+    SELECT {lock}(%(key)s) AS waited FROM armed
+)
+SELECT set_config('lock_timeout', armed.previous, true) AS lock_timeout FROM armed, waited;
+
 -- name: release
 -- One round trip: record the outcome (only if this attempt still owns the row) and
 -- free the lock; disarm the lease so the pooled connection may idle. The unlock is

@@ -1,0 +1,433 @@
+"""The lock outside Celery: ``advisory_lock`` (a context manager) and ``@run_once``.
+
+A cron script, a Django management command or any program run by several hosts takes
+the same lock, ledger row and fencing token a ``PgLockTask`` would: the lock key comes
+from ``celery_pglock.keys``, the claim and the release are ``locks.acquire``/``release``,
+a skip is the ledger's ``Skip`` (reason ``locked`` or ``done``, and who holds the lock or
+ran the slot). So a task and a script that use one lock name exclude each other.
+
+``wait=True`` waits in the server's lock queue (``pg_advisory_lock`` on the connection
+that will hold the lock) rather than polling: the lock passes on the moment its holder
+ends, waiters get it first come first served, and a wait costs no queries and leaves no
+skip rows behind. ``timeout`` bounds the wait with ``lock_timeout``; when it runs out, one
+last try reports the holder as any skip does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
+
+import psycopg
+
+from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
+from celery_pglock.db import Connection, Database, database, translate_error
+from celery_pglock.errors import ConfigurationError, LockLost, PgLockError
+from celery_pglock.keys import check_lock_name, check_slot, lock_key
+from celery_pglock.ledger import FAILED, SUCCEEDED, Claim, Skip, record_failure_after_rollback
+from celery_pglock.locks import (
+    ARM_SESSION_LEASE,
+    ARM_TRANSACTION_LEASE,
+    Lease,
+    abandon,
+    acquire,
+    release,
+)
+from celery_pglock.schema import Tables
+
+logger = logging.getLogger("celery_pglock")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Dsn = str | Callable[[], str] | None
+NameOption = str | Callable[..., str]
+SlotOption = str | Callable[..., str] | None
+
+WAIT_LOCK: dict[Scope, str] = {
+    "session": "pg_advisory_lock",
+    "transaction": "pg_advisory_xact_lock",
+}
+# lock_timeout ran out, or a statement_timeout set by a DBA cut the wait short.
+WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """How to lock, validated once (``advisory_lock`` and ``run_once`` share it)."""
+
+    dsn: Dsn = None
+    scope: Scope = "session"
+    lease: float | None = 30.0
+    wait: bool = False
+    timeout: float | None = None
+    schema: str = "public"
+    table_prefix: str = "pglock_"
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ConfigurationError(
+                f"scope must be 'session' or 'transaction', not {self.scope!r}"
+            )
+        if self.lease is not None and self.lease < 0:
+            raise ConfigurationError(f"lease must be seconds >= 0 (0: no lease), not {self.lease}")
+        if self.timeout is not None and (self.timeout < 0 or not self.wait):
+            raise ConfigurationError(
+                f"timeout={self.timeout} needs wait=True (--wait) and seconds >= 0"
+            )
+        Tables(self.schema, self.table_prefix)  # raises on an unusable schema or prefix
+
+    @property
+    def lease_seconds(self) -> float | None:
+        """The lease, or None when turned off (``0`` or ``None``)."""
+        return float(self.lease) if self.lease else None
+
+    def settings(self) -> Settings:
+        """Where the tables live; the DSN is resolved now (argument, PGLOCK_DSN, DATABASE_URL)."""
+        dsn = resolve_dsn({"pglock_dsn": self.dsn})
+        return Settings(dsn=dsn, schema=self.schema, table_prefix=self.table_prefix)
+
+
+@dataclass
+class LockHandle:
+    """What ``advisory_lock`` yields: the lock if ``acquired``, else ``skip`` says why not."""
+
+    name: str
+    slot: str | None
+    tables: Tables
+    skip: Skip | None = None
+    granted: Lease | None = field(default=None, repr=False)
+
+    @property
+    def acquired(self) -> bool:
+        return self.granted is not None
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this attempt (None when not acquired)."""
+        return self.granted.token if self.granted else None
+
+    @property
+    def lost(self) -> bool:
+        """True once we know the server took the lock away (lease expired, session ended)."""
+        return self.granted.lost if self.granted else False
+
+    @property
+    def reason(self) -> str | None:
+        """Why the lock was not acquired: ``locked`` or ``done`` (None when acquired)."""
+        return self.skip.reason if self.skip else None
+
+    @property
+    def holder(self) -> dict[str, Any] | None:
+        """Who holds the lock (``locked``) or ran the slot (``done``), when not acquired."""
+        return self.skip.holder if self.skip else None
+
+    @property
+    def connection(self) -> Connection:
+        """The lock's connection; in transaction scope, inside the lock's transaction."""
+        if self.granted is None:
+            raise PgLockError(f"lock {self.name!r} was not acquired ({self.reason}): no connection")
+        return self.granted.connection
+
+    def check(self) -> None:
+        """Raise ``LockLost`` unless the lock is held right now (asks the server)."""
+        if self.granted is None:
+            raise LockLost(f"lock {self.name!r} was never acquired ({self.reason})")
+        self.granted.check()
+
+
+@contextmanager
+def advisory_lock(
+    name: str,
+    *,
+    dsn: Dsn = None,
+    scope: Scope = "session",
+    lease: float | None = 30.0,
+    wait: bool = False,
+    slot: str | None = None,
+    schema: str = "public",
+    table_prefix: str = "pglock_",
+    timeout: float | None = None,
+) -> Iterator[LockHandle]:
+    """Hold lock ``name`` for the ``with`` block, or learn why not (``.acquired``, ``.skip``).
+
+    Same lock key, ledger and fencing tokens as a ``PgLockTask`` whose lock name is
+    ``name``. With a ``slot``, a slot that already succeeded is skipped (reason ``done``);
+    the block's outcome is recorded (``succeeded``, or ``failed`` when it raises). In
+    ``transaction`` scope, ``.connection`` is in the lock's transaction: committed when
+    the block ends normally, rolled back when it raises.
+    """
+    options = LockOptions(dsn, scope, lease, wait, timeout, schema, table_prefix)
+    with hold(options, name, slot) as handle:
+        yield handle
+
+
+@contextmanager
+def hold(
+    options: LockOptions, name: str, slot: str | None, *, task_name: str | None = None
+) -> Iterator[LockHandle]:
+    """``advisory_lock`` with validated options; ``task_name`` goes to the ledger."""
+    claim = make_claim(name, slot, task_name)
+    db = database(options.settings())
+    outcome = _acquire(db, claim, options)
+    handle = LockHandle(name, claim.slot, db.tables)
+    if isinstance(outcome, Skip):
+        handle.skip = outcome
+        log_skip(outcome)
+        yield handle
+        return
+    handle.granted = outcome
+    try:
+        yield handle
+    except BaseException as exc:
+        if not _clean_exit(exc):
+            _fail(db, outcome, exc)
+            raise
+        _finish(db, outcome)
+        raise
+    _finish(db, outcome)
+
+
+def make_claim(name: str, slot: str | None, task_name: str | None) -> Claim:
+    """The ledger claim of this process, or a ``ConfigurationError`` naming the bad input."""
+    try:
+        check_lock_name(name)
+        checked_slot = None if slot is None else check_slot(slot)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot lock {name!r}: {exc}") from None
+    return Claim(name, lock_key(name), checked_slot, None, task_name, pid=os.getpid())
+
+
+def _acquire(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
+    lease = options.lease_seconds
+    if options.wait and options.timeout != 0:
+        waited = wait_for_lock(db, claim.key, options)
+        if waited is not None:
+            return acquire(db, claim, options.scope, lease, waited=waited)
+    # No wait, or the wait ran out: one try, whose skip names the holder.
+    return acquire(db, claim, options.scope, lease)
+
+
+def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | None:
+    """A connection of ``db`` that holds lock ``key``, or None when the wait ran out."""
+    query = db.tables.query(
+        "wait_lock",
+        lock=WAIT_LOCK[options.scope],
+        arm_lease=_arm_lease(db, options.scope, options.lease_seconds),
+    )
+    params = {
+        "key": key,
+        "timeout_ms": _milliseconds(options.timeout),
+        "lease_ms": _milliseconds(options.lease_seconds),
+    }
+    for attempt in range(2):
+        conn = db.getconn()
+        try:
+            conn.autocommit = options.scope == "session"
+            conn.execute(query, params)
+        except WAIT_ENDED:
+            _give_back(db, conn)
+            return None
+        except psycopg.OperationalError as exc:
+            _give_back(db, conn)
+            # A pooled connection that died while idle: one more try on a fresh one.
+            if attempt == 1 or not conn.closed:
+                raise translate_error(exc, db.settings) from None
+        except BaseException:
+            _give_back(db, conn)
+            raise
+        else:
+            return conn
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _arm_lease(db: Database, scope: Scope, lease: float | None) -> str:
+    # As locks.acquire arms it: a lease that also covers the moment after the grant.
+    if lease is None or (scope == "session" and not db.lease_supported):
+        return "NULL"
+    return ARM_SESSION_LEASE if scope == "session" else ARM_TRANSACTION_LEASE
+
+
+def _milliseconds(seconds: float | None) -> str:
+    return "0" if not seconds else str(max(1, round(seconds * 1000)))
+
+
+def _give_back(db: Database, conn: Connection) -> None:
+    """Return a connection whose wait failed; the pool's reset frees what it took."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        with contextlib.suppress(psycopg.Error):  # else the pool warns about an open transaction
+            conn.rollback()
+    db.putconn(conn, clean=False)
+
+
+def _clean_exit(exc: BaseException) -> bool:
+    """``sys.exit()`` / ``sys.exit(0)`` inside the block is a success, not a failure."""
+    return isinstance(exc, SystemExit) and exc.code in (None, 0)
+
+
+def _finish(db: Database, lease: Lease) -> None:
+    released = release(db, lease, SUCCEEDED)
+    if not released.lost:
+        return
+    if lease.scope == "transaction":
+        raise LockLost(
+            f"lock {lease.lock!r} (token {lease.token}) was lost before its transaction "
+            f"committed, so the block's writes were rolled back: {lease.lost_cause}"
+        )
+    if lease.slot is not None and not released.recorded:
+        raise LockLost(
+            f"lock {lease.lock!r} for slot {lease.slot!r} was lost before this run (token "
+            f"{lease.token}) could record its success: {lease.lost_cause}"
+        )
+
+
+def _fail(db: Database, lease: Lease, exc: BaseException) -> None:
+    """Record ``failed`` (the block's exception matters more than this bookkeeping)."""
+    reason = f"{type(exc).__name__}: {exc}"
+    try:
+        if lease.scope == "session":
+            release(db, lease, FAILED, reason)
+        else:
+            _fail_transaction(db, lease, reason)
+    except Exception:
+        logger.exception(
+            "could not record the failure of %r",
+            lease.lock,
+            extra={"action": "pglock_failure_not_recorded", "lock": lease.lock},
+        )
+
+
+def _fail_transaction(db: Database, lease: Lease, reason: str) -> None:
+    try:
+        lease.connection.rollback()
+        record_failure_after_rollback(lease.connection, db, lease.claim, lease.token, reason)
+    finally:
+        abandon(db, lease)  # the pool's reset frees whatever locks the block took
+
+
+def log_skip(skip: Skip) -> None:
+    """The INFO line of a skip, with a stable ``action`` key and the holder."""
+    logger.info(
+        "%s",
+        describe_skip(skip),
+        extra={
+            "action": "pglock_run_skipped",
+            "reason": skip.reason,
+            "lock": skip.lock,
+            "slot": skip.slot,
+            "holder": skip.holder,
+            "token": skip.token,
+        },
+    )
+
+
+def describe_skip(skip: Skip) -> str:
+    """One line: what was skipped, why, and who holds the lock or ran the slot."""
+    what = f"lock {skip.lock!r}" + (f" slot {skip.slot!r}" if skip.slot else "")
+    return f"skipped {what}: {skip.reason}, {_describe_holder(skip)}"
+
+
+def _describe_holder(skip: Skip) -> str:
+    holder = skip.holder
+    if not holder:
+        return "holder unknown (it finished a moment ago)"
+    who = f"pid {holder.get('pid')} on {holder.get('host')}"
+    if holder.get("task_id"):
+        who += f" (task {holder['task_id']})"
+    if skip.reason == "done":
+        finished = holder.get("finished")
+        return f"succeeded by {who}" + (f" at {finished}" if finished else "")
+    since = holder.get("since")
+    return f"held by {who}" + (f" since {since}" if since else "")
+
+
+@overload
+def run_once(
+    name: NameOption,
+    slot: SlotOption = None,
+    *,
+    bind: Literal[False] = False,
+    dsn: Dsn = None,
+    scope: Scope = "session",
+    lease: float | None = 30.0,
+    wait: bool = False,
+    timeout: float | None = None,
+    schema: str = "public",
+    table_prefix: str = "pglock_",
+) -> Callable[[Callable[P, R]], Callable[P, R | None]]: ...
+
+
+@overload
+def run_once(
+    name: NameOption,
+    slot: SlotOption = None,
+    *,
+    bind: Literal[True],
+    dsn: Dsn = None,
+    scope: Scope = "session",
+    lease: float | None = 30.0,
+    wait: bool = False,
+    timeout: float | None = None,
+    schema: str = "public",
+    table_prefix: str = "pglock_",
+) -> Callable[[Callable[Concatenate[LockHandle, P], R]], Callable[P, R | None]]: ...
+
+
+def run_once(
+    name: NameOption,
+    slot: SlotOption = None,
+    *,
+    bind: bool = False,
+    dsn: Dsn = None,
+    scope: Scope = "session",
+    lease: float | None = 30.0,
+    wait: bool = False,
+    timeout: float | None = None,
+    schema: str = "public",
+    table_prefix: str = "pglock_",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the function under lock ``name``; skip it (return None, log why) when it is
+    held elsewhere or when ``slot`` already succeeded.
+
+    ``name`` and ``slot`` are strings or callables of the function's arguments.
+    ``bind=True`` passes the ``LockHandle`` first (its ``token``, ``connection``).
+    Other options are ``advisory_lock``'s, checked when the function is decorated.
+    """
+    options = LockOptions(dsn, scope, lease, wait, timeout, schema, table_prefix)
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        task_name = f"{function.__module__}.{function.__qualname__}"
+
+        @functools.wraps(function)
+        def once(*args: Any, **kwargs: Any) -> Any:
+            lock_name = _option_value(name, "name", args, kwargs)
+            slot_value = None if slot is None else _option_value(slot, "slot", args, kwargs)
+            with hold(options, lock_name, slot_value, task_name=task_name) as handle:
+                if not handle.acquired:
+                    return None
+                return function(handle, *args, **kwargs) if bind else function(*args, **kwargs)
+
+        return once
+
+    return decorate
+
+
+def _option_value(option: str | Callable[..., Any], what: str, args: Any, kwargs: Any) -> Any:
+    if not callable(option):
+        return option
+    try:
+        return option(*args, **kwargs)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the run_once {what} function raised {type(exc).__name__}: {exc}; it receives the "
+            "function's positional and keyword arguments (accept **kwargs for the ones it "
+            "ignores)"
+        ) from exc
+
+
+__all__ = ["LockHandle", "LockOptions", "advisory_lock", "describe_skip", "hold", "run_once"]
