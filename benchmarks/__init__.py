@@ -1,0 +1,1 @@
+"""Benchmarks: measured side by side and reported, never asserted in the test suite."""

@@ -1,0 +1,441 @@
+"""The beat scheduler's own logic, with a fake clock and its database replaced by memory.
+
+Only this tier replaces the scheduler's database calls (``_run_query``) and its broker
+(``apply_async``); the acceptance tests run the real thing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any, cast
+
+import psycopg
+import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry, Scheduler
+from celery.schedules import crontab, schedule
+
+from celery_pglock import PgLockTask, beat
+from celery_pglock.beat import PgLockScheduler, _EntryWithHeaders
+
+UTC = timezone.utc
+START = datetime(2026, 3, 29, 0, 58, 0, 400000, UTC)  # an hour before Berlin springs forward
+EVERY_10 = schedule(timedelta(seconds=10))
+
+
+class Clock:
+    """One fake clock for ``datetime.now``, ``time.time`` and ``time.monotonic`` in beat."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now.timestamp()
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """Beat's clocks, all reading one settable time."""
+    fake = Clock(START)
+
+    class FakeDatetime(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return fake.now.astimezone(tz)
+
+    monkeypatch.setattr(beat, "datetime", FakeDatetime)
+    monkeypatch.setattr(beat, "time", SimpleNamespace(time=fake.time, monotonic=fake.time))
+    return fake
+
+
+@dataclass
+class Store:
+    """The beat tables in memory: the first claim of an (entry, slot) wins."""
+
+    last: dict[str, str] = field(default_factory=dict)
+    claims: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        if name == "beat_state":
+            return [(entry, slot, None, 1) for entry, slot in self.last.items()]
+        if name == "beat_claim":
+            wanted = zip(params["entries"], params["slots"], strict=True)
+            won = [pair for pair in wanted if pair not in self.claims]
+            self.claims.update(dict.fromkeys(won, params["replica"]))
+            return won
+        if name == "beat_confirm":
+            for entry, slot in zip(params["entries"], params["slots"], strict=True):
+                self.last[entry] = max(slot, self.last.get(entry, ""))
+            return []
+        if name == "beat_unsent":
+            return []
+        raise AssertionError(f"unexpected query {name}")
+
+
+class SimulatedScheduler(PgLockScheduler):
+    """``PgLockScheduler`` whose database is a ``Store`` and whose sends are recorded."""
+
+    def __init__(self, app: Celery, store: Store, name: str = "replica") -> None:
+        self.store = store
+        self.sent: list[tuple[str, str, dict[str, Any]]] = []
+        super().__init__(app=app)
+        self.pglock_replica = name
+
+    @property
+    def producer(self) -> None:  # type: ignore[override] # no broker at this tier
+        return None
+
+    def _load_state(self) -> None:
+        """No database to read at start-up."""
+
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return self.store.query(name, params)
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> None:
+        headers = dict(entry.options["headers"])
+        self.sent.append((entry.name, headers["pglock_slot"], headers))
+
+    def slots(self, entry: str = "every10") -> list[str]:
+        return [slot for name, slot, _ in self.sent if name == entry]
+
+
+def make_app(schedule: dict[str, Any] | None = None, **conf: Any) -> Celery:
+    """An isolated app in Europe/Berlin, active-active, with no database behind it."""
+    app = Celery("unit", set_as_current=False)
+    app.conf.update(
+        {
+            "timezone": "Europe/Berlin",
+            "result_expires": None,
+            "pglock_dsn": "postgresql://nobody@localhost/none",
+            "pglock_beat_leader": False,
+            "beat_schedule": schedule or {"every10": {"task": "unit.job", "schedule": 10.0}},
+            **conf,
+        }
+    )
+    return app
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """The default app: one entry every 10 s."""
+    app = make_app()
+    yield app
+    app.close()
+
+
+def tick_until(scheduler: SimulatedScheduler, clock: Clock, end: datetime) -> None:
+    """Tick as ``celery beat`` does: sleep what ``tick()`` returns, until ``end``."""
+    while clock.now < end:
+        clock.advance(max(scheduler.tick(), 0.01))
+
+
+# -- _EntryWithHeaders -----------------------------------------------------------------
+
+
+def test_entry_view_adds_headers_without_mutating_the_entry(app: Celery) -> None:
+    """The view carries merged headers; the entry's own options are left untouched."""
+    entry = ScheduleEntry(
+        "e", "unit.job", schedule=EVERY_10, options={"headers": {"a": 1}}, app=app
+    )
+
+    view = _EntryWithHeaders(entry, {"pglock_slot": "2026-01-01T00:00:00Z"})
+
+    assert {"a": 1, "pglock_slot": "2026-01-01T00:00:00Z"} == view.options["headers"]
+    assert {"headers": {"a": 1}} == entry.options
+
+
+def test_entry_view_keeps_django_style_headers_and_attributes() -> None:
+    """A ModelEntry-like entry keeps its own headers and attributes (model, name, args)."""
+    model = SimpleNamespace(enabled=True)
+    entry = SimpleNamespace(
+        name="tick",
+        task="unit.job",
+        args=[1],
+        model=model,
+        options={"queue": "q", "headers": {"periodic_task_name": "tick"}},
+    )
+
+    view = _EntryWithHeaders(entry, {"pglock_slot": "s", "pglock_entry": "tick"})
+
+    expected = {"periodic_task_name": "tick", "pglock_slot": "s", "pglock_entry": "tick"}
+    assert expected == view.options["headers"]
+    assert "q" == view.options["queue"]
+    assert (model, "tick", [1]) == (view.model, view.name, view.args)
+    assert {"periodic_task_name": "tick"} == entry.options["headers"]
+
+
+def test_entry_view_headers_reach_send_task_and_leave_the_entry_alone(app: Celery) -> None:
+    """Through Celery's own apply_async (send_task path), the slot header is sent."""
+    sent: list[dict[str, Any]] = []
+
+    class Recording(Scheduler):
+        def send_task(self, *args: Any, **kwargs: Any) -> None:
+            sent.append(kwargs["headers"])
+
+    entry = ScheduleEntry("e", "not.importable", schedule=EVERY_10, options={}, app=app)
+    view = _EntryWithHeaders(entry, {"pglock_slot": "s"})
+    Recording(app, lazy=True).apply_async(view, advance=False)  # type: ignore[arg-type]
+
+    assert [{"pglock_slot": "s", "celery_beat_task": True}] == sent
+    assert {} == entry.options
+
+
+# -- when slots are sent ---------------------------------------------------------------
+
+
+def test_an_entry_never_sent_skips_the_occurrence_already_past(app: Celery, clock: Clock) -> None:
+    """On first sight with nothing stored, the current slot is not fired, the next one is."""
+    scheduler = SimulatedScheduler(app, Store())
+
+    tick_until(scheduler, clock, START + timedelta(seconds=25))
+
+    assert ["2026-03-29T00:58:10Z", "2026-03-29T00:58:20Z"] == scheduler.slots()
+
+
+def test_a_new_sender_goes_on_from_the_stored_slot(app: Celery, clock: Clock) -> None:
+    """Taking over, a replica sends the slot that fell due after the last stored one."""
+    scheduler = SimulatedScheduler(app, Store(last={"every10": "2026-03-29T00:57:50Z"}))
+
+    scheduler.tick()
+
+    assert ["2026-03-29T00:58:00Z"] == scheduler.slots()
+
+
+def test_a_slot_older_than_the_grace_is_not_sent(clock: Clock) -> None:
+    """A slot due longer ago than the grace (15 s with a 5-s lease) is logged as missed."""
+    app = make_app({"minutely": {"task": "unit.job", "schedule": 60.0}})
+    clock.now = datetime(2026, 3, 29, 0, 58, 20, tzinfo=UTC)
+    scheduler = SimulatedScheduler(app, Store(last={"minutely": "2026-03-29T00:56:00Z"}))
+
+    scheduler.tick()
+
+    assert [] == scheduler.slots("minutely")
+    assert "2026-03-29T00:58:00Z" == scheduler._last_slot["minutely"]
+
+
+def test_a_slot_within_the_grace_is_sent_late(clock: Clock) -> None:
+    """A slot due 12 s ago, inside the grace, is still sent."""
+    app = make_app({"minutely": {"task": "unit.job", "schedule": 60.0}})
+    clock.now = datetime(2026, 3, 29, 0, 58, 12, tzinfo=UTC)
+    scheduler = SimulatedScheduler(app, Store(last={"minutely": "2026-03-29T00:57:00Z"}))
+
+    scheduler.tick()
+
+    assert ["2026-03-29T00:58:00Z"] == scheduler.slots("minutely")
+
+
+def test_ticking_often_sends_each_slot_once(app: Celery, clock: Clock) -> None:
+    """Many ticks inside one slot send it once."""
+    scheduler = SimulatedScheduler(app, Store(last={"every10": "2026-03-29T00:57:50Z"}))
+
+    for _ in range(50):
+        scheduler.tick()
+        clock.advance(0.1)
+
+    assert ["2026-03-29T00:58:00Z"] == scheduler.slots()
+
+
+def test_only_the_replica_whose_claim_wins_sends(app: Celery, clock: Clock) -> None:
+    """Two active-active replicas on one store: each slot is sent by exactly one of them."""
+    store = Store(last={"every10": "2026-03-29T00:57:50Z"})
+    replicas = [SimulatedScheduler(app, store, name) for name in ("a", "b")]
+
+    for _ in range(300):
+        for replica in replicas:
+            replica.tick()
+        clock.advance(0.1)
+
+    sent = sorted(replicas[0].slots() + replicas[1].slots())
+    assert sent == sorted(set(sent))
+    assert 4 == len(sent)
+
+
+def test_sends_carry_the_slot_and_entry_headers(app: Celery, clock: Clock) -> None:
+    """Each send has ``pglock_slot`` (the nominal time) and ``pglock_entry`` headers."""
+    scheduler = SimulatedScheduler(app, Store(last={"every10": "2026-03-29T00:57:50Z"}))
+
+    scheduler.tick()
+
+    _, _, headers = scheduler.sent[0]
+    assert {"pglock_slot": "2026-03-29T00:58:00Z", "pglock_entry": "every10"} == headers
+
+
+def test_beat_names_the_lock_the_worker_will_take(clock: Clock) -> None:
+    """Beat and worker derive the same lock name from ``pglock_key`` and the entry's args."""
+    app = make_app({"charge": {"task": "unit.charge", "schedule": 10.0, "args": (7,)}})
+
+    @app.task(base=PgLockTask, name="unit.charge", pglock_key=lambda a, **_: f"account:{a}")
+    def charge(account_id: int) -> None: ...
+
+    scheduler = SimulatedScheduler(app, Store())
+    task = cast(PgLockTask, app.tasks["unit.charge"])
+
+    in_beat = scheduler._lock_name(scheduler.schedule["charge"])
+    in_worker = task._pglock_name(task.pglock_options(), (7,), {})
+
+    assert ("account:7", "account:7") == (in_beat, in_worker)
+
+
+# -- identical slots on every replica --------------------------------------------------
+
+
+def simulate(
+    app: Celery, clock: Clock, starts: dict[str, datetime], end: datetime
+) -> dict[str, list[str]]:
+    """Run replicas (each alone, with its own store) on one timeline; their sent slots."""
+    schedulers: dict[str, SimulatedScheduler] = {}
+    wakes = [(start, name) for name, start in starts.items()]
+    heapq.heapify(wakes)
+    while wakes and wakes[0][0] < end:
+        at, name = heapq.heappop(wakes)
+        clock.now = at
+        replica = schedulers.setdefault(name, SimulatedScheduler(app, Store(), name))
+        sleep = max(replica.tick(), 0.01) + 0.003  # beat's loop overhead
+        heapq.heappush(wakes, (at + timedelta(seconds=sleep), name))
+    return {name: [f"{e} {s}" for e, s, _ in replica.sent] for name, replica in schedulers.items()}
+
+
+def test_replicas_started_apart_send_identical_slot_sequences(clock: Clock) -> None:
+    """Replicas started 83.7 s apart send the same slots, across a DST switch."""
+    app = make_app(
+        {
+            "every10": {"task": "unit.job", "schedule": 10.0},
+            "quarter": {"task": "unit.job", "schedule": crontab(minute="*/15")},
+            "hourly": {"task": "unit.job", "schedule": crontab(minute=0)},
+        },
+        pglock_beat_max_interval=30.0,
+    )
+    later = START + timedelta(seconds=83.7)
+    end = START + timedelta(minutes=20)
+
+    sent = simulate(app, clock, {"early": START, "late": later}, end)
+
+    common = [s for s in sent["early"] if s.split()[1] > later.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    assert common == sent["late"]
+    assert "hourly 2026-03-29T01:00:00Z" in common  # 03:00 Berlin, just after the switch
+    assert "quarter 2026-03-29T01:15:00Z" in common
+    assert 100 < len(common)
+
+
+# -- leadership ------------------------------------------------------------------------
+
+
+class FakeElection:
+    """A leader election whose answer the test sets; counts the server checks."""
+
+    def __init__(self) -> None:
+        self.leader = True
+        self.connection = None
+        self.verified = 0
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+    def verify(self) -> bool:
+        self.verified += 1
+        return self.leader
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_losing_the_lease_mid_tick_is_not_reported_as_an_outage(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim that fails because leadership was lost logs no database-outage error."""
+    election = FakeElection()
+
+    class LosesLease(SimulatedScheduler):
+        def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+            election.leader = False  # the server ended the leader's session
+            raise psycopg.OperationalError("terminating connection due to idle-session timeout")
+
+    scheduler = LosesLease(make_app(pglock_beat_leader=True), Store())
+    scheduler._election = election  # type: ignore[assignment]
+
+    with caplog.at_level(logging.INFO, logger="celery_pglock.beat"):
+        wait = scheduler.tick()
+
+    assert [] == scheduler.sent
+    assert [] == [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert wait <= beat.STANDBY_POLL
+
+
+def test_a_database_error_while_leading_is_reported_once(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An outage logs one error however many ticks fail, and recovery logs once."""
+    failing = True
+
+    class Flaky(SimulatedScheduler):
+        def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+            if failing:
+                raise psycopg.OperationalError("connection refused")
+            return super()._run_query(name, params)
+
+    scheduler = Flaky(make_app(), Store())
+    with caplog.at_level(logging.INFO, logger="celery_pglock.beat"):
+        for _ in range(5):
+            scheduler.tick()
+            clock.advance(1)
+        failing = False
+        scheduler.tick()
+
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert 1 == actions.count("pglock_beat_db_unavailable")
+    assert 1 == actions.count("pglock_beat_db_back")
+
+
+class SlowPublisher(SimulatedScheduler):
+    """Each send takes 0.1 s of fake time; the election is the test's."""
+
+    clock: Clock
+    election: FakeElection
+    lose_after: int | None = None
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> None:
+        super().apply_async(entry, producer, advance, **kwargs)
+        self.clock.advance(0.1)
+        if self.lose_after is not None and len(self.sent) >= self.lose_after:
+            self.election.leader = False
+
+
+def slow_leader(clock: Clock, entries: int, lose_after: int | None = None) -> SlowPublisher:
+    """A leader with ``entries`` entries all due now, sending each in 0.1 s."""
+    schedule = {f"e{i:03d}": {"task": "unit.job", "schedule": 10.0} for i in range(entries)}
+    store = Store(last=dict.fromkeys(schedule, "2026-03-29T00:57:50Z"))
+    scheduler = SlowPublisher(make_app(schedule, pglock_beat_leader=True), store)
+    scheduler.clock, scheduler.election, scheduler.lose_after = clock, FakeElection(), lose_after
+    scheduler._election = scheduler.election  # type: ignore[assignment]
+    return scheduler
+
+
+def test_a_long_batch_checks_leadership_once_per_third_of_the_lease(clock: Clock) -> None:
+    """Sending 100 entries over 10 s asks the server about every 5/3 s, not per send."""
+    scheduler = slow_leader(clock, 100)
+
+    scheduler.tick()
+
+    assert 100 == len(scheduler.sent)
+    assert 5 <= scheduler.election.verified <= 6
+
+
+def test_a_leader_that_loses_its_lease_mid_batch_sends_no_more(clock: Clock) -> None:
+    """Once the server says the lease is gone, the rest of the claimed batch is not sent."""
+    scheduler = slow_leader(clock, 100, lose_after=30)
+
+    scheduler.tick()
+
+    assert 30 == len(scheduler.sent)
