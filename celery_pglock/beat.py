@@ -6,7 +6,8 @@
   (``celery beat -S pglock``).
 
 Each tick: a standby sends nothing; the leader (or, with ``pglock_beat_leader = False``,
-every replica) computes the due slot of each entry (``slots``), claims all of them in one
+every replica) computes the due slot of each entry (``slots``; with ``pglock_beat_catch_up``
+also the slots missed since the last one sent), claims all of them in one
 round trip, and sends only what it claimed, with the slot in the ``pglock_slot`` header.
 In leader mode the claim runs on the leader's own connection, so a replica whose session
 was ended (frozen past the lease, partitioned) cannot claim, and so cannot send.
@@ -18,16 +19,24 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 import psycopg
 from celery.beat import Scheduler
 
 from celery_pglock import slots
-from celery_pglock.config import APP_DEFAULTS
-from celery_pglock.db import HOSTNAME, connect, database, ensure_schema
-from celery_pglock.errors import PgLockError
+from celery_pglock.config import APP_DEFAULTS, CatchUp, catch_up_option
+from celery_pglock.db import (
+    FIX_BEAT,
+    HOSTNAME,
+    connect,
+    database,
+    ensure_schema,
+    pooler_message,
+    transaction_pooled,
+)
+from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.keys import default_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
 from celery_pglock.retention import AutoPrune
@@ -40,6 +49,10 @@ SLOT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
 RESEND_CHECK_EVERY = 5.0
 RESEND_HORIZON = 86400.0
+# Per-entry settings read from an entry's ``options`` (and stripped before sending).
+CATCH_UP_OPTION = "pglock_catch_up"
+CATCH_UP_LIMIT_OPTION = "pglock_catch_up_limit"
+ENTRY_OPTIONS = (CATCH_UP_OPTION, CATCH_UP_LIMIT_OPTION)
 
 
 class Due(NamedTuple):
@@ -57,7 +70,8 @@ class _EntryWithHeaders:
 
     def __init__(self, entry: Any, headers: dict[str, Any]) -> None:
         self._entry = entry
-        options = dict(entry.options or {})
+        # Our per-entry settings are not apply_async options: never send them.
+        options = {k: v for k, v in (entry.options or {}).items() if k not in ENTRY_OPTIONS}
         options["headers"] = {**(options.get("headers") or {}), **headers}
         self.options = options
 
@@ -86,6 +100,7 @@ class PgLockSchedulerMixin:
         self.pglock_align = bool(_conf(conf, "pglock_beat_align_intervals"))
         self.pglock_resend_after = float(_conf(conf, "pglock_beat_resend_after"))
         self.pglock_grace = max(10.0, 3 * self.pglock_lease)
+        self.pglock_catch_up = _catch_up_conf(conf)
         self.pglock_replica = f"{HOSTNAME}:{os.getpid()}"
         self._last_slot: dict[str, str] = {}
         self._stored_slots: dict[str, str] = {}  # last slot sent per entry, read on takeover
@@ -93,7 +108,7 @@ class PgLockSchedulerMixin:
         self._wake_at: dict[str, float] = {}
         self._next_resend_check = 0.0
         self._outage = False
-        self._pruner = AutoPrune.from_conf(conf, self.pglock_settings)
+        self._pruner = AutoPrune.from_conf(conf, self.pglock_settings, self.pglock_namespace)
         self._election: LeaderElection | None = None
         self._schema_ready = False
         self.pglock_tables = Tables(self.pglock_settings.schema, self.pglock_settings.table_prefix)
@@ -104,6 +119,10 @@ class PgLockSchedulerMixin:
     def _start_election(self) -> LeaderElection:
         # Started on the first tick, not in __init__: `celery beat` also builds a lazy
         # scheduler just to print its banner, and that one must not compete.
+        settings = self.pglock_settings
+        with connect(settings) as conn:
+            if transaction_pooled(conn, settings):
+                raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
         name = f"{self.pglock_namespace}:beat-leader"
         self._election = LeaderElection(
             self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_lease
@@ -161,7 +180,10 @@ class PgLockSchedulerMixin:
                 continue
             slot = self._slot_if_due(entry, now)
             if slot is not None:
-                due.append(Due(entry, slot, self._lock_name(entry)))
+                lock_name = self._lock_name(entry)
+                for missed in self._missed_before(entry, slot, now):  # pglock_beat_catch_up="all"
+                    due.append(Due(entry, missed, lock_name))
+                due.append(Due(entry, slot, lock_name))
         return due
 
     def _slot_if_due(self, entry: Any, now: datetime) -> str | None:
@@ -183,6 +205,8 @@ class PgLockSchedulerMixin:
             return self._unaligned_slot(entry, now)
         self._wake_at[name] = now.timestamp() + wait
         if slot is not None and _age(slot, now) > self.pglock_grace:
+            if self._catch_up(entry)[0] != "none":
+                return slot  # pglock_beat_catch_up: the newest slot is sent however late
             self._last_slot[name] = slot  # missed while no replica was leading: not sent
             logger.info(
                 "slot %s of %s was missed (older than %.0f s): not sent",
@@ -200,6 +224,44 @@ class PgLockSchedulerMixin:
         is_due, wait = entry.is_due()
         self._wake_at[entry.name] = now.timestamp() + min(wait, self.max_interval)
         return slots.format_slot(now) if is_due else None
+
+    def _catch_up(self, entry: Any) -> tuple[CatchUp, int]:
+        """The entry's catch-up policy and bound: its ``options`` over the app's."""
+        policy, limit = self.pglock_catch_up
+        options = entry.options or {}
+        try:
+            return catch_up_option(
+                options.get(CATCH_UP_OPTION, policy),
+                options.get(CATCH_UP_LIMIT_OPTION, limit),
+                f"beat entry {entry.name!r}",
+            )
+        except ConfigurationError as exc:  # an entry edited at run time (django-celery-beat)
+            logger.error(
+                "%s; using the app's %r", exc, policy, extra={"action": "pglock_beat_bad_option"}
+            )
+            return policy, limit
+
+    def _missed_before(self, entry: Any, slot: str, now: datetime) -> list[str]:
+        """Catch-up ``all``: the slots after the last one sent and before ``slot``, oldest
+        first, so that at most ``pglock_beat_catch_up_limit`` go out with ``slot``."""
+        policy, limit = self._catch_up(entry)
+        last = self._last_slot.get(entry.name) or ""
+        if policy != "all" or limit < 2 or not last:
+            return []
+        before = slots.parse_slot(slot) - timedelta(seconds=1)
+        missed, more = slots.slots_since(
+            entry.schedule, before, last, limit=limit - 1, align_intervals=self.pglock_align
+        )
+        if missed:
+            logger.info(
+                "catching up %d missed slot(s) of %s from %s%s",
+                len(missed),
+                entry.name,
+                missed[0],
+                " (older ones not sent: pglock_beat_catch_up_limit)" if more else "",
+                extra={"action": "pglock_beat_catch_up", "entry": entry.name, "slot": missed[0]},
+            )
+        return missed
 
     def _lock_name(self, entry: Any) -> str:
         """The lock name a worker will use for this entry's message, when beat can tell."""
@@ -225,9 +287,16 @@ class PgLockSchedulerMixin:
         for item in due:
             if (item.entry.name, item.slot) not in claimed:
                 continue
+            checked_at = time.monotonic()
             if not self._still_leading(claimed_at):
-                logger.warning("not sending %s: leadership lost", item.entry.name)
+                logger.warning(
+                    "not sending %s: leadership lost",
+                    item.entry.name,
+                    extra={"action": "pglock_beat_not_sent", "entry": item.entry.name},
+                )
                 return
+            if checked_at - claimed_at >= self.pglock_lease / 3:
+                claimed_at = checked_at  # the server just confirmed it: one ping per third
             if self._publish(item):
                 sent.append(item)
         self._confirm(sent)
@@ -252,7 +321,13 @@ class PgLockSchedulerMixin:
             view = _EntryWithHeaders(entry, headers)
             self.apply_async(view, producer=self.producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not stop beat
-            logger.error("could not send %s slot %s: %s", entry.name, item.slot, exc)
+            logger.error(
+                "could not send %s slot %s: %s",
+                entry.name,
+                item.slot,
+                exc,
+                extra={"action": "pglock_beat_send_failed", "entry": entry.name},
+            )
             return False
         return True
 
@@ -359,6 +434,20 @@ class PgLockSchedulerMixin:
 
 def _rows(cursor: Any) -> list[tuple[Any, ...]]:
     return list(cursor.fetchall()) if cursor.description else []
+
+
+def _catch_up_conf(conf: Any) -> tuple[CatchUp, int]:
+    """The app's catch-up policy, and every ``beat_schedule`` entry's, checked at start-up."""
+    policy, limit = _conf(conf, "pglock_beat_catch_up"), _conf(conf, "pglock_beat_catch_up_limit")
+    default = catch_up_option(policy, limit, "app.conf")
+    for name, spec in (conf.get("beat_schedule") or {}).items():
+        options = (spec.get("options") if isinstance(spec, dict) else None) or {}
+        catch_up_option(
+            options.get(CATCH_UP_OPTION, policy),
+            options.get(CATCH_UP_LIMIT_OPTION, limit),
+            f"beat_schedule[{name!r}].options",
+        )
+    return default
 
 
 def _conf(conf: Any, name: str) -> Any:

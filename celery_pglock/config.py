@@ -16,9 +16,13 @@ from celery_pglock.errors import ConfigurationError
 
 Scope = Literal["session", "transaction"]
 OnDbError = Literal["retry", "fail", "run"]
+Coalesce = Literal["all", "latest"]
+CatchUp = Literal["none", "latest", "all"]
 
 SCOPES: tuple[Scope, ...] = ("session", "transaction")
 ON_DB_ERROR: tuple[OnDbError, ...] = ("retry", "fail", "run")
+COALESCE: tuple[Coalesce, ...] = ("all", "latest")
+CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
 
 #: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
 APP_DEFAULTS: Mapping[str, Any] = {
@@ -37,12 +41,17 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_scheduled_only": False,
     "pglock_on_db_error": "retry",
     "pglock_db_max_retries": 10,
+    "pglock_coalesce": None,  # None: "latest" for messages beat sent, "all" for the others
+    "pglock_max_lateness": None,
+    "pglock_check_on_enqueue": False,
     # Beat.
     "pglock_beat_leader": True,
     "pglock_beat_lease": 5.0,
     "pglock_beat_align_intervals": True,
     "pglock_beat_resend_after": 30.0,
     "pglock_beat_max_interval": 1.0,
+    "pglock_beat_catch_up": "none",
+    "pglock_beat_catch_up_limit": 10,
     # Operations.
     "pglock_ledger_retention": None,
     "pglock_metrics": False,
@@ -57,9 +66,14 @@ TASK_OPTIONS = (
     "pglock_scheduled_only",
     "pglock_on_db_error",
     "pglock_db_max_retries",
+    "pglock_coalesce",
+    "pglock_max_lateness",
+    "pglock_check_on_enqueue",
 )
 
-_PASSWORD_IN_URL = re.compile(r"(://[^:/?#@]*:)([^@/?#]*)(@)")
+# As libpq reads a URI: user[:password] runs to the first '@' before any '/', so a
+# password may hold '?', '#' and ':' unencoded.
+_PASSWORD_IN_URL = re.compile(r"(://[^:@/]*:)([^@/]*)(@)")
 _PASSWORD_IN_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _SQLALCHEMY_DRIVER = re.compile(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", re.IGNORECASE)
 
@@ -158,6 +172,9 @@ class TaskOptions:
     scheduled_only: bool
     on_db_error: OnDbError
     db_max_retries: int
+    coalesce: Coalesce | None = None  # None: "latest" for beat-sent messages, else "all"
+    max_lateness: float | None = None
+    check_on_enqueue: bool = False
 
     @classmethod
     def resolve(cls, task: Any, conf: Mapping[str, Any], app_name: str | None) -> TaskOptions:
@@ -181,6 +198,9 @@ class TaskOptions:
             scheduled_only=bool(value("pglock_scheduled_only")),
             on_db_error=on_db_error,
             db_max_retries=_positive(value("pglock_db_max_retries"), "pglock_db_max_retries", int),
+            coalesce=_coalesce(value("pglock_coalesce"), task.name),
+            max_lateness=_max_lateness(value("pglock_max_lateness"), task.name),
+            check_on_enqueue=bool(value("pglock_check_on_enqueue")),
         )
 
 
@@ -222,6 +242,34 @@ def _slot_option(slot: Any, task_name: str) -> str | Callable[..., Any] | None:
         f"{task_name}: pglock_slot must be None, 'message' (use the task id) or a callable "
         f"of the task's arguments returning the slot, got {slot!r}"
     )
+
+
+def _coalesce(policy: Any, task_name: str) -> Coalesce | None:
+    if policy is None or policy in COALESCE:
+        return policy  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"{task_name}: pglock_coalesce must be 'all' (run every slot) or 'latest' (skip a slot "
+        f"older than one that already succeeded or is running), got {policy!r}"
+    )
+
+
+def _max_lateness(seconds: Any, task_name: str) -> float | None:
+    if seconds is None:
+        return None
+    return float(_positive(seconds, f"{task_name}: pglock_max_lateness"))
+
+
+def catch_up_option(policy: Any, limit: Any, where: str) -> tuple[CatchUp, int]:
+    """A beat catch-up policy and its bound, checked; ``where`` names the setting's owner."""
+    if policy not in CATCH_UP:
+        raise ConfigurationError(
+            f"{where}: pglock_beat_catch_up must be one of {CATCH_UP}, got {policy!r}"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(
+            f"{where}: pglock_beat_catch_up_limit must be an int >= 1, got {limit!r}"
+        )
+    return policy, limit
 
 
 def _lease(lease: Any, task_name: str) -> float | None:

@@ -12,7 +12,6 @@ import logging
 import os
 import socket
 import threading
-import weakref
 from typing import Any
 
 import psycopg
@@ -21,7 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_pglock import schema
 from celery_pglock.config import Settings, redact
-from celery_pglock.errors import DatabaseUnavailable, SchemaMissing
+from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import lock_key
 
 logger = logging.getLogger("celery_pglock")
@@ -84,10 +83,10 @@ class Database:
         self.settings = settings
         self.tables = schema.Tables(settings.schema, settings.table_prefix)
         self.pid = os.getpid()
-        self._clean: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._schema_ready = False
         self._schema_lock = threading.Lock()
         self.server_version = 0
+        self.transaction_pooled = False  # behind PgBouncer pool_mode=transaction (or alike)
         # What the role/database configured (a DBA may set these); restored after a run.
         self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
         self.pool = ConnectionPool(
@@ -96,7 +95,10 @@ class Database:
             min_size=1,
             max_size=max(1, settings.pool_size),
             open=False,
-            reset=self._reset,
+            # No reset callback: with one, the pool takes connections back in a background
+            # thread, so a prefork child's next task finds the pool empty and opens another
+            # connection, until every process holds pglock_pool_size of them. putconn
+            # resets what needs it, in the caller's thread.
             configure=self._configure,
             timeout=settings.connect_timeout,
             name=f"celery-pglock-{os.getpid()}",
@@ -111,6 +113,7 @@ class Database:
         with connect(self.settings) as conn:
             self._learn_server(conn)
             self.ensure_schema(conn)
+            self.transaction_pooled = transaction_pooled(conn, self.settings)
         if not self.lease_supported:
             logger.warning(
                 "PostgreSQL %d has no idle_session_timeout (needs 14): session-scope locks "
@@ -133,8 +136,8 @@ class Database:
 
     def putconn(self, conn: Connection, *, clean: bool) -> None:
         """Return ``conn``; ``clean`` says our release statement already freed its locks."""
-        if clean:
-            self._clean.add(conn)
+        if not clean:
+            self._reset(conn)
         self.pool.putconn(conn)
 
     def ensure_schema(self, conn: Connection) -> None:
@@ -151,6 +154,14 @@ class Database:
 
     def _configure(self, conn: Connection) -> None:
         self.server_version = conn.info.server_version
+        if self.transaction_pooled:  # a statement prepared on one server connection is
+            conn.prepare_threshold = None  # unknown to the next one the pooler picks
+
+    def check_session_scope(self) -> None:
+        """Refuse session-scope locks through a transaction pooler (they would leak)."""
+        if self.transaction_pooled:
+            what = "session-scope locks"
+            raise ConfigurationError(pooler_message(self.settings, what, FIX_SCOPE))
 
     def _learn_server(self, conn: Connection) -> None:
         self.server_version = conn.info.server_version
@@ -162,23 +173,62 @@ class Database:
 
     def _reset(self, conn: Connection) -> None:
         # The release statement already unlocked and disarmed the lease; only a connection
-        # returned on an error path needs the full reset (one extra round trip).
-        if conn in self._clean:
-            self._clean.discard(conn)
-            return
-        conn.autocommit = True  # else the reset opens a transaction and the pool discards conn
-        conn.execute(RESET_SQL if self.lease_supported else RESET_SQL_PRE14)
+        # returned on an error path needs the full reset (one extra round trip). One that
+        # cannot be reset is closed: the pool then replaces it.
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            conn.autocommit = True  # else the reset opens a transaction
+            conn.execute(RESET_SQL if self.lease_supported else RESET_SQL_PRE14)
+        except psycopg.Error:
+            conn.close()
 
 
+# RESET application_name: back to the pooled name, not a holder's ("pglock <pid> <task>")
+# that a skipped slot's grant set and no release statement put back.
 RESET_SQL = (
     "SELECT pg_advisory_unlock_all(); "
     "SET idle_in_transaction_session_timeout = DEFAULT; "
-    "SET idle_session_timeout = DEFAULT"
+    "SET idle_session_timeout = DEFAULT; RESET application_name"
 )
 RESET_SQL_PRE14 = (
-    "SELECT pg_advisory_unlock_all(); SET idle_in_transaction_session_timeout = DEFAULT"
+    "SELECT pg_advisory_unlock_all(); SET idle_in_transaction_session_timeout = DEFAULT; "
+    "RESET application_name"
 )
 SHOW_SETTING_SQL = "SELECT current_setting(%(name)s)"
+
+
+def transaction_pooled(conn: Connection, settings: Settings) -> bool:
+    """Whether ``conn`` goes through a transaction pooler (PgBouncer pool_mode=transaction).
+
+    Proof, not guess: in between our statements a second connection, inside a transaction,
+    reports the backend ``conn`` just used (two open clients sharing a server session), or
+    ``conn`` itself moved to another backend. Directly or through a session pooler neither
+    can happen. A pooler reusing server connections last-in first-out (PgBouncer's default)
+    hands the second connection that very backend. Costs one connection and 3 round trips.
+    """
+    first = _backend_pid(conn)
+    with connect(settings) as other, other.transaction():
+        shared = _backend_pid(other) == first
+    return shared or _backend_pid(conn) != first
+
+
+def _backend_pid(conn: Connection) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    return int(row[0]) if row else 0
+
+
+FIX_SCOPE = 'set pglock_scope = "transaction" (per task or app-wide), or'
+FIX_BEAT = "set pglock_beat_leader = False (every replica ticks, claims dedupe), or"
+
+
+def pooler_message(settings: Settings, what: str, fix: str) -> str:
+    return (
+        f"{what} cannot work through a transaction pooler (PgBouncer pool_mode=transaction) "
+        f"at {redact(settings.dsn)!r}: the lock would stay behind on a server connection that "
+        f"other clients then use. To fix: {fix} point pglock_dsn at PostgreSQL itself or at a "
+        "session-pooling PgBouncer"
+    )
 
 
 def database(settings: Settings) -> Database:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 
-MAX_LOCK_NAME_BYTES = 4096
+# The ledger's primary key indexes (lock name, slot); a btree entry holds at most 2704
+# bytes, so a longer pair would be refused by PostgreSQL at claim time, not here.
+MAX_LOCK_NAME_BYTES = 1024
 
 
 def lock_key(name: str) -> int:

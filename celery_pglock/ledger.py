@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from celery_pglock.db import HOSTNAME, Connection, Database, connect
 from celery_pglock.keys import split_key
+from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 
 MAX_REASON_LENGTH = 500
 
@@ -24,7 +25,12 @@ FAILED = "failed"
 
 @dataclass(frozen=True)
 class Claim:
-    """One attempt to run under a lock: what is locked and who asks."""
+    """One attempt to run under a lock: what is locked and who asks.
+
+    ``coalesce``: skip (``superseded``) when a newer time slot of the lock (and of the same
+    beat ``entry``, when known) already succeeded or is running. ``max_lateness``: skip
+    (``late``) a time slot older than that many seconds. Neither applies to other slots.
+    """
 
     lock_name: str
     key: int
@@ -33,9 +39,23 @@ class Claim:
     task_name: str | None
     host: str = HOSTNAME
     pid: int = 0
+    entry: str | None = None
+    coalesce: bool = False
+    max_lateness: float | None = None
 
     def params(self) -> dict[str, Any]:
         classid, objid = split_key(self.key)
+        timed = is_time_slot(self.slot)
+        return {
+            **self._identity(classid, objid),
+            "entry": self.entry,
+            "newer_than": self.slot if self.coalesce and timed else None,
+            "slot_pattern": SLOT_PATTERN,
+            "slot_time": self.slot if self.max_lateness is not None and timed else None,
+            "max_lateness": self.max_lateness,
+        }
+
+    def _identity(self, classid: int, objid: int) -> dict[str, Any]:
         return {
             "lock_name": self.lock_name,
             "key": self.key,
@@ -74,11 +94,21 @@ def short_reason(text: str) -> str:
     return text if len(text) <= MAX_REASON_LENGTH else text[: MAX_REASON_LENGTH - 1] + "…"
 
 
-def log_skip(conn: Connection, db: Database, claim: Claim, reason: str, *, held: str) -> Skip:
-    """Append the skip to the log and explain it. ``held`` is the SQL that frees our lock."""
+def log_skip(
+    conn: Connection,
+    db: Database,
+    claim: Claim,
+    reason: str,
+    *,
+    held: str,
+    newer_slot: str | None = None,
+) -> Skip:
+    """Append the skip to the log and explain it. ``held`` is the SQL that frees our lock;
+    ``newer_slot`` the succeeded slot that supersedes this one, if any."""
     query = db.tables.query("skip", unlock=held)
+    params = {**claim.params(), "reason": reason, "newer_slot": newer_slot}
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query, {**claim.params(), "reason": reason}).fetchone()
+        row = cur.execute(query, params).fetchone()
     assert row is not None  # the statement always returns one row
     return skip_from_row(claim, row)
 
@@ -87,25 +117,36 @@ def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:
     reason = row["reason"]
     holder: dict[str, Any] | None
     if reason == "done":
-        holder = _who_ran(row)
+        holder = _who_ran(row, "run")
         token = row["run_token"]
+    elif reason == "superseded" and row.get("newer_slot") is not None:
+        holder = {**_who_ran(row, "newer"), "slot": row["newer_slot"]}
+        token = row["newer_token"]
     else:
         holder = _live_holder(row)
         token = row["holder_token"]
     return Skip(reason=reason, lock=claim.lock_name, slot=claim.slot, holder=holder, token=token)
 
 
+def enqueued_skip(db: Database, claim: Claim) -> Skip | None:
+    """Before publishing: the skip of a slot that already succeeded or that a live session
+    is running (logged as such), else None. One plain look-up on a pooled connection."""
+    with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(db.tables.query("enqueue_check"), claim.params()).fetchone()
+    return None if row is None else skip_from_row(claim, row)
+
+
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-def _who_ran(row: dict[str, Any]) -> dict[str, Any]:
+def _who_ran(row: dict[str, Any], run: str) -> dict[str, Any]:
     return {
-        "host": row["run_host"],
-        "pid": row["run_pid"],
-        "task_id": row["run_task_id"],
+        "host": row[f"{run}_host"],
+        "pid": row[f"{run}_pid"],
+        "task_id": row[f"{run}_task_id"],
         "since": None,
-        "finished": _iso(row["run_finished_at"]),
+        "finished": _iso(row[f"{run}_finished_at"]),
     }
 
 

@@ -1,7 +1,8 @@
 """Advisory locks with a server-enforced lease, and the heartbeat that keeps leases alive.
 
 ``acquire`` takes the lock, a fencing token and the ledger claim in one round trip and
-returns a ``Lease`` (granted) or a ``Skip`` (why not). ``release`` records the outcome and
+returns a ``Lease`` (granted) or a ``Skip`` (why not: ``locked``, ``done``, and with the
+coalescing policies of the claim ``superseded`` or ``late``). ``release`` records the outcome and
 frees the lock in one more round trip.
 
 The lease: while a holder runs, its lock connection has ``idle_session_timeout`` (session
@@ -139,13 +140,17 @@ class Heartbeat:
         self.pid = os.getpid()
         self._leases: dict[int, Lease] = {}
         self._wake = threading.Condition()
+        self._wake_at = float("inf")  # when the thread wakes next (0: awake, planning)
         self._thread = threading.Thread(target=self._run, name="pglock-heartbeat", daemon=True)
         self._thread.start()
 
     def register(self, lease: Lease) -> None:
         with self._wake:
             self._leases[id(lease)] = lease
-            self._wake.notify()
+            # Only if the thread would sleep past this lease's first ping: waking it for
+            # every short task run back to back costs each one a thread switch.
+            if self._wake_at > lease.last_ping + _interval(lease):
+                self._wake.notify()
 
     def unregister(self, lease: Lease) -> None:
         with self._wake:
@@ -154,7 +159,10 @@ class Heartbeat:
     def _run(self) -> None:
         while True:
             with self._wake:
-                self._wake.wait(timeout=self._next_wait())
+                wait = self._next_wait()
+                self._wake_at = float("inf") if wait is None else time.monotonic() + wait
+                self._wake.wait(timeout=wait)
+                self._wake_at = 0.0
                 due = [lease for lease in self._leases.values() if _due(lease)]
             for lease in due:
                 ping(lease)
@@ -213,23 +221,28 @@ def acquire(
         "lease_ms": str(round(lease * 1000)) if lease else "0",
         "application_name": holder_application_name(claim.task_id, os.getpid(), claim.host),
     }
+    if scope == "session":
+        db.check_session_scope()
     query = db.tables.query("acquire", **_fragments(db, scope, lease))
     conn, row = _execute_acquire(db, query, params, scope, waited)
-    acquired, token, attempts = row
+    acquired, token, attempts, newer_slot, late = row
     if acquired and (claim.slot is None or attempts is not None):
         granted = Lease(claim, scope, conn, token, attempts, lease)
         if lease is not None:
             heartbeat().register(granted)
         return granted
-    return _skip(db, conn, claim, scope, held=bool(acquired))
+    reason = "superseded" if newer_slot else "late" if late else "locked"
+    return _skip(db, conn, claim, scope, held=bool(acquired), reason=reason, newer=newer_slot)
 
 
 def _execute_acquire(
     db: Database, query: bytes, params: dict[str, Any], scope: Scope, waited: Connection | None
 ) -> tuple[Connection, tuple[Any, ...]]:
     # A pooled connection may have died while idle (server restart, a DBA's
-    # idle_session_timeout): such a failure is retried once on a fresh connection.
-    for attempt in range(2):
+    # idle_session_timeout): such a failure is retried on the next one. Every pooled
+    # connection may be dead (each failure discards one), so: the pool's size, plus one.
+    attempts = db.pool.max_size + 1
+    for attempt in range(attempts):
         conn = waited if waited is not None else db.getconn()
         try:
             if conn.autocommit != (scope == "session"):  # a waited one is in its transaction
@@ -239,7 +252,7 @@ def _execute_acquire(
             return conn, row
         except psycopg.OperationalError as exc:
             db.putconn(conn, clean=False)
-            if attempt == 1 or waited is not None or not conn.closed:
+            if attempt == attempts - 1 or waited is not None or not conn.closed:
                 raise translate_error(exc, db.settings) from None
         except BaseException:
             db.putconn(conn, clean=False)
@@ -247,10 +260,19 @@ def _execute_acquire(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _skip(db: Database, conn: Connection, claim: Claim, scope: Scope, *, held: bool) -> Skip:
+def _skip(
+    db: Database,
+    conn: Connection,
+    claim: Claim,
+    scope: Scope,
+    *,
+    held: bool,
+    reason: str = "locked",
+    newer: str | None = None,
+) -> Skip:
     unlock = UNLOCK[scope] if held else "NULL"
     try:
-        skip = log_skip(conn, db, claim, "locked", held=unlock)
+        skip = log_skip(conn, db, claim, reason, held=unlock, newer_slot=newer)
         if scope == "transaction":
             conn.commit()
     except psycopg.Error as exc:

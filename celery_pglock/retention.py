@@ -44,6 +44,7 @@ AUTO_PRUNE_BATCHES = 20  # batches per table per tick: bounds the time taken fro
 #: What prune deletes from, in order (the skip log first: it only feeds counts).
 PRUNED_TABLES = ("skips", "runs", "beat_sends")
 
+_LIKE_SPECIAL = re.compile(r"([\\%_])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 
@@ -129,11 +130,21 @@ def prune(
     *,
     batch: int = BATCH,
     max_batches: int | None = None,
+    namespace: str | None = None,
 ) -> PruneResult:
-    """Delete rows untouched for longer than ``older_than`` (see the module docstring)."""
+    """Delete rows untouched for longer than ``older_than`` (see the module docstring).
+
+    ``namespace``: only rows of lock names ``"<namespace>:…"`` and beat claims of that
+    namespace, so an app never prunes another's rows in shared tables; None: every row.
+    """
     check_retention(older_than)
     result = PruneResult(older_than)
-    params = {"seconds": older_than.total_seconds(), "batch": batch}
+    params = {
+        "seconds": older_than.total_seconds(),
+        "batch": batch,
+        "namespace": namespace,
+        "prefix": None if namespace is None else _LIKE_SPECIAL.sub(r"\\\1", namespace) + ":%",
+    }
     for table in PRUNED_TABLES:
         deleted, done = _prune_table(conn, tables.query(f"prune_{table}"), params, max_batches)
         result.deleted[table] = deleted
@@ -171,8 +182,10 @@ class AutoPrune:
         *,
         every: float = AUTO_PRUNE_EVERY,
         clock: Callable[[], float] = time.monotonic,
+        namespace: str | None = None,
     ) -> None:
         self.settings = settings
+        self.namespace = namespace
         self.retention = retention
         self.tables = Tables(settings.schema, settings.table_prefix)
         self.every = every
@@ -181,8 +194,10 @@ class AutoPrune:
         self._failing = False
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any], settings: Settings) -> AutoPrune:
-        return cls(settings, retention_setting(conf))
+    def from_conf(
+        cls, conf: Mapping[str, Any], settings: Settings, namespace: str | None = None
+    ) -> AutoPrune:
+        return cls(settings, retention_setting(conf), namespace=namespace)
 
     def maybe_run(self) -> PruneResult | None:
         """Prune if a pass is due; the result of this slice, or None if nothing ran."""
@@ -190,7 +205,13 @@ class AutoPrune:
             return None
         try:
             with connect(self.settings) as conn:
-                result = prune(conn, self.tables, self.retention, max_batches=AUTO_PRUNE_BATCHES)
+                result = prune(
+                    conn,
+                    self.tables,
+                    self.retention,
+                    max_batches=AUTO_PRUNE_BATCHES,
+                    namespace=self.namespace,
+                )
         except (psycopg.Error, PgLockError) as exc:
             self._failed(exc)
             return None

@@ -28,6 +28,7 @@ This module is pure: no database, no I/O, no module-level mutable state.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
@@ -41,14 +42,23 @@ __all__ = [
     "due_state",
     "format_slot",
     "interval_slot",
+    "is_time_slot",
     "next_interval_boundary",
+    "parse_slot",
     "slot_for",
+    "slots_since",
     "solar_slot",
 ]
 
 #: Longest advised sleep, in seconds, before checking an entry again (Celery's default
 #: ``beat_max_loop_interval``).
 MAX_WAIT = 300.0
+
+#: The form of every slot beat computes (``format_slot``). Fixed width, so two such slots
+#: compare as text in time order; the same pattern works in Python and in PostgreSQL.
+SLOT_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"
+_SLOT_RE = re.compile(SLOT_PATTERN)
+_SLOT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _CRONTAB_WINDOWS = tuple(
@@ -66,6 +76,16 @@ def format_slot(dt: datetime) -> str:
     """Return the slot id of an aware datetime: UTC, second precision, ``Z`` suffix."""
     utc = _aware(dt).astimezone(timezone.utc)
     return utc.replace(microsecond=0, tzinfo=None).isoformat() + "Z"
+
+
+def is_time_slot(slot: str | None) -> bool:
+    """Whether ``slot`` is a time slot as beat sends them (``2026-11-29T18:05:00Z``)."""
+    return slot is not None and _SLOT_RE.fullmatch(slot) is not None
+
+
+def parse_slot(slot: str) -> datetime:
+    """The aware UTC datetime of a time slot (``ValueError`` for any other string)."""
+    return datetime.strptime(slot, _SLOT_FORMAT).replace(tzinfo=timezone.utc)
 
 
 def interval_slot(now: datetime, every: timedelta) -> datetime:
@@ -106,6 +126,24 @@ def slot_for(sched: BaseSchedule, now: datetime, *, align_intervals: bool = True
     if bounds is None or bounds[0] is None:
         return None
     return format_slot(bounds[0])
+
+
+def slots_since(
+    sched: BaseSchedule, now: datetime, after: str, *, limit: int, align_intervals: bool = True
+) -> tuple[list[str], bool]:
+    """Return the newest ``limit`` slots in ``(after, now]``, oldest first, and whether
+    older ones in that range were left out. Walks back one occurrence at a time.
+    """
+    found: list[str] = []
+    point = now
+    while True:
+        slot = slot_for(sched, point, align_intervals=align_intervals)
+        if slot is None or slot <= after:
+            return found[::-1], False
+        if len(found) == limit:
+            return found[::-1], True
+        found.append(slot)
+        point = parse_slot(slot) - timedelta(seconds=1)
 
 
 def due_state(

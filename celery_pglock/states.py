@@ -19,9 +19,10 @@ from celery.backends import base as backends_base
 SKIPPED = "SKIPPED"
 
 #: Reasons a message is skipped. ``locked``: another execution holds the lock;
-#: ``done``: the slot already succeeded. ``superseded`` (a newer slot already ran) and
-#: ``late`` (started after ``pglock_max_lateness``) are reserved for the coalescing
-#: policies, not emitted yet.
+#: ``done``: the slot already succeeded; ``superseded``: a newer time slot of the same
+#: lock (and beat entry) already succeeded or is running (``pglock_coalesce="latest"``,
+#: the default for messages beat sent); ``late``: the time slot was older than
+#: ``pglock_max_lateness`` seconds when the message started.
 SKIP_REASONS = ("locked", "done", "superseded", "late")
 
 

@@ -7,6 +7,7 @@ The tracer calls ``Task.__call__`` (not ``run``) when a class overrides it, so w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import weakref
@@ -19,7 +20,18 @@ from celery.exceptions import Ignore
 
 from celery_pglock import signals
 from celery_pglock.config import Settings, TaskOptions
-from celery_pglock.db import HOSTNAME, Database, close_all, connect, database, ensure_schema
+from celery_pglock.db import (
+    FIX_SCOPE,
+    HOSTNAME,
+    Database,
+    close_all,
+    connect,
+    database,
+    ensure_schema,
+    pooler_message,
+    transaction_pooled,
+)
+from celery_pglock.enqueue import checks_enqueue, skipped_before_publish
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -27,19 +39,24 @@ from celery_pglock.errors import (
     PgLockError,
     TaskSkipped,
 )
-from celery_pglock.keys import check_lock_name, check_slot, default_lock_name, lock_key
+from celery_pglock.keys import check_lock_name, default_lock_name, lock_key
 from celery_pglock.ledger import FAILED, SUCCEEDED, Claim, Skip, record_failure_after_rollback
 from celery_pglock.locks import Lease, abandon, acquire, release
+from celery_pglock.messages import (
+    BUILTIN_PREFIX,
+    ENTRY_HEADER,
+    SLOT_HEADER,
+    call_option,
+    coalesces,
+    message_slot,
+)
 from celery_pglock.outage import OutageLog
 from celery_pglock.schema import Tables
 from celery_pglock.states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")
 
-SLOT_HEADER = "pglock_slot"
-ENTRY_HEADER = "pglock_entry"
 MAX_DB_RETRY_COUNTDOWN = 60.0
-BUILTIN_PREFIX = "celery."
 
 _settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
 _outage = OutageLog(logger, "pglock_db_back")  # per process: one ERROR line per outage
@@ -59,7 +76,8 @@ class PgLockMixin:
     Options are task attributes (``@app.task(pglock_scope="transaction")``) and default to
     ``app.conf.pglock_*``: ``pglock_key``, ``pglock_namespace``, ``pglock_scope``,
     ``pglock_slot``, ``pglock_lease``, ``pglock_scheduled_only``, ``pglock_on_db_error``,
-    ``pglock_db_max_retries``.
+    ``pglock_db_max_retries``, ``pglock_coalesce``, ``pglock_max_lateness``,
+    ``pglock_check_on_enqueue``.
     """
 
     pglock_key: ClassVar[str | Callable[..., str] | None] = None
@@ -70,6 +88,9 @@ class PgLockMixin:
     pglock_scheduled_only: ClassVar[bool | None] = None
     pglock_on_db_error: ClassVar[str | None] = None
     pglock_db_max_retries: ClassVar[int | None] = None
+    pglock_coalesce: ClassVar[str | None] = None
+    pglock_max_lateness: ClassVar[float | None] = None
+    pglock_check_on_enqueue: ClassVar[bool | None] = None
 
     _pglock_options: TaskOptions | None = None
 
@@ -106,6 +127,7 @@ class PgLockMixin:
         if slot is None and options.scheduled_only:
             return super().__call__(*args, **kwargs)  # type: ignore[misc]
         lock_name = self._pglock_name(options, args, kwargs)
+        entry = self._pglock_header(ENTRY_HEADER)
         claim = Claim(
             lock_name=lock_name,
             key=lock_key(lock_name),
@@ -113,6 +135,9 @@ class PgLockMixin:
             task_id=self.request.id,
             task_name=self.name,
             pid=os.getpid(),
+            entry=entry,
+            coalesce=coalesces(options, entry),
+            max_lateness=options.max_lateness,
         )
         try:
             db = database(app_settings(self.app))
@@ -170,25 +195,36 @@ class PgLockMixin:
             if lease.scope == "transaction":
                 abandon(db, lease)
 
-    def _pglock_slot(self, options: TaskOptions, args: Any, kwargs: Any) -> str | None:
+    def _pglock_header(self, name: str) -> Any:
         headers = getattr(self.request, "headers", None) or {}
-        slot = headers.get(SLOT_HEADER) or getattr(self.request, SLOT_HEADER, None)
-        if slot is None and options.slot == "message":
-            slot = self.request.id
-        elif slot is None and callable(options.slot):
-            slot = _call_option(self.name, "pglock_slot", options.slot, args, kwargs)
-        if slot is None:
-            return None
-        try:
-            return check_slot(slot)
-        except (TypeError, ValueError) as exc:
-            raise ConfigurationError(f"{self.name}: invalid slot: {exc}") from None
+        return headers.get(name) or getattr(self.request, name, None)
+
+    def _pglock_slot(self, options: TaskOptions, args: Any, kwargs: Any) -> str | None:
+        slot = self._pglock_header(SLOT_HEADER)
+        return message_slot(self.name, options, slot, self.request.id, (args, kwargs))
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        *rest: Any,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``apply_async``; with ``pglock_check_on_enqueue``, a slotted message
+        whose slot already succeeded or is running is not published (state ``SKIPPED``)."""
+        if checks_enqueue(self, options):
+            call = (args or (), kwargs or {})
+            skipped = skipped_before_publish(self, app_settings(self.app), call, task_id, options)
+            if skipped is not None:
+                return skipped
+        return super().apply_async(args, kwargs, task_id, *rest, **options)  # type: ignore[misc]
 
     def _pglock_name(self, options: TaskOptions, args: Any, kwargs: Any) -> str:
         key = options.key
         if key is None:
             return default_lock_name(options.namespace, self.name)
-        name = _call_option(self.name, "pglock_key", key, args, kwargs) if callable(key) else key
+        name = call_option(self.name, "pglock_key", key, args, kwargs) if callable(key) else key
         try:
             return check_lock_name(name)
         except (TypeError, ValueError) as exc:
@@ -264,18 +300,6 @@ class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
     """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
 
 
-def _call_option(
-    task: str, option: str, function: Callable[..., Any], args: Any, kwargs: Any
-) -> Any:
-    try:
-        return function(*args, **kwargs)
-    except Exception as exc:
-        raise ConfigurationError(
-            f"{task}: the {option} function raised {type(exc).__name__}: {exc}; it receives the "
-            "task's positional and keyword arguments (accept **kwargs for the ones it ignores)"
-        ) from exc
-
-
 def _send_event(task: Any, meta: dict[str, Any]) -> None:
     # So Flower and `celery events` show the skip; losing an event must not fail the task.
     try:
@@ -294,7 +318,25 @@ class StartupCheck(bootsteps.StartStopStep):
         with connect(settings) as conn:
             tables = Tables(settings.schema, settings.table_prefix)
             ensure_schema(conn, tables, auto_migrate=settings.auto_migrate)
+            pooled = transaction_pooled(conn, settings)
+        if pooled and (session := _session_scope_tasks(worker.app)):
+            logger.error(
+                "%s; these tasks will fail: %s",
+                pooler_message(settings, "session-scope locks", FIX_SCOPE),
+                ", ".join(session),
+                extra={"action": "pglock_transaction_pooler"},
+            )
         logger.info("celery-pglock ready: %r", settings, extra={"action": "pglock_ready"})
+
+
+def _session_scope_tasks(app: Celery) -> list[str]:
+    found: list[str] = []
+    for name, task in sorted(app.tasks.items()):
+        if isinstance(task, PgLockMixin) and not name.startswith(BUILTIN_PREFIX):
+            with contextlib.suppress(ConfigurationError):  # reported when the task runs
+                if task.pglock_options().scope == "session":
+                    found.append(name)
+    return found
 
 
 @celery_signals.worker_process_init.connect

@@ -275,16 +275,20 @@ def migrate(ctx: click.Context, print_sql: bool, as_json: bool) -> None:
 @pglock.command()
 @click.option("--older-than", help="Age to delete: 7d, 12h… [pglock_ledger_retention]")
 @click.option("--batch", default=retention.BATCH, show_default=True, type=click.IntRange(min=1))
+@click.option("--any-namespace", is_flag=True, help="Also other apps' rows in these tables.")
 @json_option
 @click.pass_context
-def prune(ctx: click.Context, older_than: str | None, batch: int, as_json: bool) -> None:
-    """Delete old finished runs, skips and beat send claims, in small batches."""
+def prune(
+    ctx: click.Context, older_than: str | None, batch: int, any_namespace: bool, as_json: bool
+) -> None:
+    """Delete this app's old finished runs, skips and beat send claims, in small batches."""
     app = current_app(ctx)
+    scope = None if any_namespace else namespace(app)
     with reported_errors():
         age = _retention(app, older_than)
         with session(app) as (conn, tables):
             ops.require_tables(conn, tables)
-            done = retention.prune(conn, tables, age, batch=batch)
+            done = retention.prune(conn, tables, age, batch=batch, namespace=scope)
     if as_json:
         output.echo_json(done.as_json())
         return

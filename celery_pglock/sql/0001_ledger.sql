@@ -40,7 +40,10 @@ CREATE TABLE IF NOT EXISTS {fences} (
 
 -- Who took each session-scope lock. Only rows whose backend still holds the advisory
 -- lock (pg_locks) describe a live holder; older rows are overwritten on the next grant.
-CREATE TABLE IF NOT EXISTS {holders} (
+-- UNLOGGED: a row lives no longer than the lock it describes, which a server crash or a
+-- failover ends anyway; unlogged, the write in `acquire` needs no WAL flush, so a lock
+-- without a slot commits without waiting for the disk.
+CREATE UNLOGGED TABLE IF NOT EXISTS {holders} (
     lock_key    bigint      PRIMARY KEY,
     lock_name   text        NOT NULL,
     slot        text,

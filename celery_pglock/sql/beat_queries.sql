@@ -22,19 +22,21 @@ WITH wanted AS (
 SELECT entry, slot FROM claimed;
 
 -- name: beat_confirm
--- The broker took these messages: mark them sent and advance each entry's state.
+-- The broker took these messages: mark them sent and advance each entry's state (an
+-- entry catching up sends several slots at once: its newest one is its state).
 WITH sent AS (
     UPDATE {beat_sends} AS s SET sent_at = now()
       FROM unnest(%(entries)s::text[], %(slots)s::text[]) AS w(entry, slot)
      WHERE s.namespace = %(namespace)s AND s.entry = w.entry AND s.slot = w.slot
 )
 INSERT INTO {beat} AS b (namespace, entry, last_slot, last_run_at, total_run_count)
-SELECT %(namespace)s, entry, slot, run_at, 1
+SELECT %(namespace)s, entry, max(slot), max(run_at), count(*)
   FROM unnest(%(entries)s::text[], %(slots)s::text[], %(run_ats)s::timestamptz[])
     AS w(entry, slot, run_at)
+ GROUP BY entry
 ON CONFLICT (namespace, entry) DO UPDATE
     SET last_slot = EXCLUDED.last_slot, last_run_at = EXCLUDED.last_run_at,
-        total_run_count = b.total_run_count + 1, updated_at = now()
+        total_run_count = b.total_run_count + EXCLUDED.total_run_count, updated_at = now()
     WHERE b.last_run_at IS NULL OR b.last_run_at <= EXCLUDED.last_run_at;
 
 -- name: beat_unsent

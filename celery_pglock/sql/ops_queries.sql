@@ -117,10 +117,12 @@ SELECT count(*) FROM pg_locks l
    AND l.pid = ANY(%(pids)s::integer[]);
 
 -- name: prune_skips
--- One batch of skip-log rows older than the cutoff.
+-- One batch of skip-log rows older than the cutoff, of one app when %(prefix)s (the
+-- LIKE pattern of its lock names, "<namespace>:" and anything) is not NULL.
 DELETE FROM {skips}
  WHERE id IN (SELECT id FROM {skips}
                WHERE at < now() - make_interval(secs => %(seconds)s)
+                 AND (%(prefix)s::text IS NULL OR lock_name LIKE %(prefix)s::text)
                ORDER BY at
                LIMIT %(batch)s
                  FOR UPDATE SKIP LOCKED);
@@ -132,6 +134,7 @@ DELETE FROM {skips}
 DELETE FROM {runs} AS r
  USING (SELECT o.lock_name, o.slot FROM {runs} o
          WHERE o.updated_at < now() - make_interval(secs => %(seconds)s)
+           AND (%(prefix)s::text IS NULL OR o.lock_name LIKE %(prefix)s::text)
            AND NOT (o.state = 'running' AND EXISTS (
                  SELECT 1 FROM pg_locks l
                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
@@ -148,6 +151,7 @@ DELETE FROM {runs} AS r
 DELETE FROM {beat_sends} AS b
  USING (SELECT namespace, entry, slot FROM {beat_sends}
          WHERE claimed_at < now() - make_interval(secs => %(seconds)s)
+           AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
          LIMIT %(batch)s
            FOR UPDATE SKIP LOCKED) AS old
  WHERE b.namespace = old.namespace AND b.entry = old.entry AND b.slot = old.slot;

@@ -4,6 +4,10 @@
 -- name: acquire
 -- One round trip: try the advisory lock; if granted, take a fencing token, arm the
 -- lease, record the holder and claim the ledger row (a succeeded slot is never claimed).
+-- Coalescing (`stale`): a time slot is not claimed when a newer time slot of the same
+-- lock (and beat entry) already succeeded (%(newer_than)s is our slot, NULL when the
+-- policy is off), or when it is older than %(max_lateness)s seconds (%(slot_time)s).
+-- Time slots are fixed-width ISO strings (%(slot_pattern)s): they sort as text.
 WITH lock AS (
     SELECT {try_lock}(%(key)s) AS acquired
 ), granted AS (
@@ -20,23 +24,35 @@ WITH lock AS (
             host = EXCLUDED.host, pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid,
             token = EXCLUDED.token, since = now()
     RETURNING token
+), stale AS (
+    SELECT (SELECT n.slot FROM {runs} n
+             WHERE n.lock_name = %(lock_name)s AND n.slot > %(newer_than)s::text
+               AND n.state = 'succeeded' AND n.slot ~ %(slot_pattern)s::text
+               AND (%(entry)s::text IS NULL OR n.entry = %(entry)s::text)
+             ORDER BY n.slot DESC LIMIT 1) AS newer_slot,
+           coalesce(%(slot_time)s::timestamptz
+                    < now() - make_interval(secs => %(max_lateness)s::float8), false) AS late
 ), claim AS (
     INSERT INTO {runs} AS r (lock_name, slot, lock_key, state, attempts, token, task_id,
-                             task_name, host, pid, backend_pid, started_at)
+                             task_name, host, pid, backend_pid, started_at, entry)
     SELECT %(lock_name)s, %(slot)s, %(key)s, 'running', 1, token, %(task_id)s,
-           %(task_name)s, %(host)s, %(pid)s, pg_backend_pid(), now()
-    FROM granted WHERE %(slot)s::text IS NOT NULL
+           %(task_name)s, %(host)s, %(pid)s, pg_backend_pid(), now(), %(entry)s
+    FROM granted, stale
+    WHERE %(slot)s::text IS NOT NULL AND stale.newer_slot IS NULL AND NOT stale.late
     ON CONFLICT (lock_name, slot) DO UPDATE
         SET state = 'running', attempts = r.attempts + 1, token = EXCLUDED.token,
             task_id = EXCLUDED.task_id, task_name = EXCLUDED.task_name, host = EXCLUDED.host,
             pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid, started_at = now(),
-            finished_at = NULL, reason = NULL, updated_at = now()
+            finished_at = NULL, reason = NULL, updated_at = now(),
+            entry = coalesce(r.entry, EXCLUDED.entry)
         WHERE r.state <> 'succeeded'
     RETURNING attempts
 )
 SELECT (SELECT acquired FROM lock) AS acquired,
        (SELECT token FROM holder) AS token,
-       (SELECT attempts FROM claim) AS attempts;
+       (SELECT attempts FROM claim) AS attempts,
+       (SELECT newer_slot FROM stale) AS newer_slot,
+       (SELECT late FROM stale) AS late;
 
 -- name: wait_lock
 -- Wait in the server's lock queue (first come, first served) for the advisory lock, at
@@ -95,10 +111,13 @@ ON CONFLICT (lock_name, slot) DO UPDATE
     WHERE r.state IN ('scheduled', 'failed');
 
 -- name: skip
--- Log a skipped message and return what explains it: the slot's run, and the live
--- holder of the lock (from the holders table, or from pg_stat_activity for a
--- transaction-scope holder whose rows are not committed yet). Frees the lock first
--- when this attempt held it (the slot turned out to be done).
+-- Log a skipped message and return what explains it: the slot's run, the newer run that
+-- supersedes it (%(newer_slot)s), and the live holder of the lock (from the holders
+-- table, or from pg_stat_activity for a transaction-scope holder whose rows are not
+-- committed yet). Frees the lock first when this attempt held it (the slot turned out
+-- to be done, superseded or late). The reason: `done` if the slot succeeded, else
+-- `superseded` if the live holder runs a newer time slot of the same lock (and beat
+-- entry) while coalescing (%(newer_than)s), else %(reason)s.
 WITH released AS (
     SELECT {unlock} AS released
 ), run AS (
@@ -117,12 +136,24 @@ WITH released AS (
        AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
        AND l.pid <> pg_backend_pid()
      LIMIT 1
+), newer AS (
+    SELECT slot, token, task_id, host, pid, finished_at
+      FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(newer_slot)s::text
+), ahead AS (
+    SELECT 1 FROM holder h
+     WHERE h.slot > %(newer_than)s::text AND h.slot ~ %(slot_pattern)s::text
+       AND (%(entry)s::text IS NULL OR EXISTS (
+            SELECT 1 FROM {runs} e
+             WHERE e.lock_name = %(lock_name)s AND e.slot = h.slot AND e.entry = %(entry)s::text))
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
     SELECT %(lock_name)s, %(slot)s,
-           CASE WHEN (SELECT state FROM run) = 'succeeded' THEN 'done' ELSE %(reason)s END,
+           CASE WHEN (SELECT state FROM run) = 'succeeded' THEN 'done'
+                WHEN EXISTS (SELECT 1 FROM ahead) THEN 'superseded'
+                ELSE %(reason)s END,
            %(task_id)s, %(task_name)s, %(host)s, %(pid)s,
-           coalesce((SELECT task_id FROM holder), (SELECT task_id FROM run))
+           coalesce((SELECT task_id FROM holder), (SELECT task_id FROM newer),
+                    (SELECT task_id FROM run))
     RETURNING reason
 )
 SELECT (SELECT reason FROM logged) AS reason,
@@ -131,10 +162,47 @@ SELECT (SELECT reason FROM logged) AS reason,
        run.host AS run_host, run.pid AS run_pid, run.finished_at AS run_finished_at,
        holder.backend_pid, holder.application_name, holder.xact_start,
        holder.task_id AS holder_task_id, holder.host AS holder_host, holder.pid AS holder_pid,
-       holder.since AS holder_since, holder.token AS holder_token, holder.slot AS holder_slot
+       holder.since AS holder_since, holder.token AS holder_token, holder.slot AS holder_slot,
+       newer.slot AS newer_slot, newer.token AS newer_token, newer.task_id AS newer_task_id,
+       newer.host AS newer_host, newer.pid AS newer_pid, newer.finished_at AS newer_finished_at
   FROM (SELECT 1) AS one
   LEFT JOIN run ON true
-  LEFT JOIN holder ON true;
+  LEFT JOIN holder ON true
+  LEFT JOIN newer ON true;
+
+-- name: enqueue_check
+-- Before publishing a slotted message (pglock_check_on_enqueue): has its slot already
+-- succeeded, or does a live session run it (its backend holds the lock)? A `running` row
+-- whose holder died does not count. Logs the skip only when it finds one, so the usual
+-- answer (no row) writes nothing. Columns as `skip` returns them.
+WITH run AS (
+    SELECT r.state, r.token, r.task_id, r.host, r.pid, r.backend_pid, r.started_at,
+           r.finished_at
+      FROM {runs} r
+     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s
+       AND (r.state = 'succeeded'
+            OR (r.state = 'running' AND EXISTS (
+                SELECT 1 FROM pg_locks l
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                   AND l.pid = r.backend_pid
+                   AND l.classid = %(classid)s::bigint::oid
+                   AND l.objid = %(objid)s::bigint::oid)))
+), logged AS (
+    INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
+    SELECT %(lock_name)s, %(slot)s,
+           CASE WHEN state = 'succeeded' THEN 'done' ELSE 'locked' END,
+           %(task_id)s, %(task_name)s, %(host)s, %(pid)s, task_id
+      FROM run
+    RETURNING reason
+)
+SELECT logged.reason,
+       run.token AS run_token, run.task_id AS run_task_id, run.host AS run_host,
+       run.pid AS run_pid, run.finished_at AS run_finished_at,
+       run.backend_pid, NULL::text AS application_name, NULL::timestamptz AS xact_start,
+       run.task_id AS holder_task_id, run.host AS holder_host, run.pid AS holder_pid,
+       run.started_at AS holder_since, run.token AS holder_token,
+       %(slot)s::text AS holder_slot
+  FROM logged, run;
 
 -- name: fence
 -- Accept a write with `token` for `resource` unless a larger token already wrote.

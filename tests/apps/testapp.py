@@ -11,7 +11,9 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
 - ``TEST_BEAT_TASK`` (the ``tick`` entry's task, default ``testapp.tick``),
   ``TEST_SLOW_TICK`` (seconds ``testapp.slow_tick`` takes, default 0.3);
 - ``TEST_AUTO_MIGRATE`` ("0" = ``pglock_auto_migrate = False``). With a ``db+…`` result
-  backend, its tables live in ``TEST_SCHEMA`` too.
+  backend, its tables live in ``TEST_SCHEMA`` too;
+- ``TEST_BEAT_CATCH_UP``, ``TEST_BEAT_CATCH_UP_LIMIT`` (``pglock_beat_catch_up`` and its
+  limit).
 
 Every task body records its execution in ``<schema>.executions`` (what ran, with which
 slot and fencing token, in which process), which is what the tests assert on. The
@@ -59,6 +61,10 @@ if ENV.get("TEST_NAMESPACE"):
     app.conf.pglock_namespace = ENV["TEST_NAMESPACE"]
 if ENV.get("TEST_AUTO_MIGRATE") == "0":
     app.conf.pglock_auto_migrate = False
+if ENV.get("TEST_BEAT_CATCH_UP"):
+    app.conf.pglock_beat_catch_up = ENV["TEST_BEAT_CATCH_UP"]
+if ENV.get("TEST_BEAT_CATCH_UP_LIMIT"):
+    app.conf.pglock_beat_catch_up_limit = int(ENV["TEST_BEAT_CATCH_UP_LIMIT"])
 if (ENV.get("TEST_RESULT_BACKEND") or "").startswith("db+"):
     # The database result backend keeps its tables in the test's schema, dropped with it.
     app.conf.database_table_schemas = {"task": SCHEMA, "group": SCHEMA}
@@ -185,6 +191,69 @@ def slow_tick(self: Any) -> None:
     row = record(self)
     time.sleep(float(ENV.get("TEST_SLOW_TICK", "0.3")))
     finish(row)
+
+
+# -- keyed: the caller names the lock, so one worker serves many independent locks -------
+
+
+def by_key(key: str, **_: Any) -> str:
+    """``pglock_key`` of the ``keyed*`` tasks: their first argument."""
+    return key
+
+
+def run_keyed(task: Any, marker: str | None) -> Any:
+    finish(record(task, marker))
+    return task.pglock.token if task.pglock else None
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.keyed", pglock_key=by_key)
+def keyed(self: Any, key: str, marker: str | None = None) -> Any:
+    """Locked on ``key``; coalescing as configured app-wide (default: beat messages)."""
+    return run_keyed(self, marker)
+
+
+@app.task(
+    bind=True, base=PgLockTask, name="testapp.keyed_all", pglock_key=by_key, pglock_coalesce="all"
+)
+def keyed_all(self: Any, key: str, marker: str | None = None) -> Any:
+    """Locked on ``key``; every slot runs (``pglock_coalesce="all"``)."""
+    return run_keyed(self, marker)
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.keyed_latest",
+    pglock_key=by_key,
+    pglock_coalesce="latest",
+)
+def keyed_latest(self: Any, key: str, marker: str | None = None) -> Any:
+    """Locked on ``key``; coalescing for every slotted message, beat's or not."""
+    return run_keyed(self, marker)
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.keyed_fresh",
+    pglock_key=by_key,
+    pglock_max_lateness=60,
+)
+def keyed_fresh(self: Any, key: str, marker: str | None = None) -> Any:
+    """Locked on ``key``; a time slot older than 60 s when it starts is skipped."""
+    return run_keyed(self, marker)
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.keyed_checked",
+    pglock_key=by_key,
+    pglock_check_on_enqueue=True,
+)
+def keyed_checked(self: Any, key: str, marker: str | None = None) -> Any:
+    """Locked on ``key``; a slot that succeeded or runs is not even published."""
+    return run_keyed(self, marker)
 
 
 @app.task(name="testapp.plain")

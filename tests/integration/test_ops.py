@@ -441,8 +441,8 @@ def test_auto_prune_runs_at_most_once_per_interval(db: Database, conn: Conn) -> 
 def test_beat_leader_prunes_when_retention_is_set(
     db: Database, conn: Conn, pg_dsn: str, pglock_schema: str
 ) -> None:
-    """With pglock_ledger_retention set, a beat tick prunes the ledger."""
-    add_run(conn, db, "stale", "succeeded", 10)
+    """With pglock_ledger_retention set, a beat tick prunes the ledger (of its namespace)."""
+    add_run(conn, db, f"{pglock_schema}:stale", "succeeded", 10)
     app = Celery("prunebeat", set_as_current=False)
     app.conf.update(
         pglock_dsn=pg_dsn,
