@@ -1,0 +1,1 @@
+"""Fault-injection tier: real faults injected into real worker and beat processes."""

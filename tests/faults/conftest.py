@@ -1,0 +1,76 @@
+"""Fixtures of the fault tier: one workload run per module, shared by its tests.
+
+A run injects several faults into one set of processes (starting processes costs more
+than most faults), then stops them and checks the promises once; each test of the module
+asserts one behaviour of that run. Recovery times measured by the runs are printed at the
+end of the session (and written as JSON to ``$PGLOCK_FAULTS_REPORT`` when set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_pglock.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from tests.faults.workload import MEASUREMENTS
+from tests.fixtures.procs import Procs
+from tests.fixtures.services import unavailable
+
+
+@pytest.fixture(scope="module")
+def run_procs(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Procs]:
+    """Processes of this module's run; all stopped after its last test."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    log_dir = tmp_path_factory.mktemp(module)
+    manager = Procs(log_dir, cwd=request.config.rootpath)
+    try:
+        yield manager
+    finally:
+        manager.stop_all()
+
+
+@pytest.fixture(scope="module")
+def run_pg() -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL server of this module's own, for runs that stop or reconfigure it."""
+    try:
+        server = EmbeddedPostgres()
+    except EmbeddedPostgresError as exc:
+        unavailable("postgres", f"embedded server unavailable: {exc}")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the logs of the module's run to a failed test's report."""
+    report = yield
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            procs = value if isinstance(value, Procs) else getattr(value, "procs", None)
+            if name != "procs" and isinstance(procs, Procs) and procs.started:
+                report.sections.append((f"logs of {name}", procs.log_report()))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the recovery times the runs measured."""
+    if not MEASUREMENTS:
+        return
+    terminalreporter.section("fault recovery times (seconds)")
+    for label, seconds in sorted(MEASUREMENTS.items()):
+        terminalreporter.write_line(f"{seconds:8.3f}  {label}")
+    target = os.environ.get("PGLOCK_FAULTS_REPORT")
+    if target:
+        Path(target).write_text(json.dumps(MEASUREMENTS, indent=2, sort_keys=True))

@@ -1,0 +1,135 @@
+"""Through PgBouncer: transaction pooling refuses session-scope locks, session pooling takes both.
+
+One run against the shared PostgreSQL through one PgBouncer serving a transaction-pooling
+and a session-pooling database. A worker on each, a beat replica on session pooling (the
+leader lock is a session lock), and a beat replica tried on transaction pooling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.faults.workload import Run, Sent, Workload
+from tests.fixtures.procs import Proc, Procs
+from tests.fixtures.services import unavailable
+
+pytestmark = pytest.mark.faults
+
+SLOT = "2026-11-29T18:05:00Z"
+JOBS = 8  # slots per task and pool mode: more than psycopg's prepare threshold (5)
+EXIT_TIMEOUT = 30.0
+
+
+def jobs(w: Workload, task: str, queue: str, label: str) -> list[Sent]:
+    """JOBS slots of ``task``, each sent twice."""
+    sent: list[Sent] = []
+    for _ in range(JOBS):
+        sent += w.send(w.key(label), slot=SLOT, copies=2, task=task, queue=queue)
+    return sent
+
+
+@pytest.fixture(scope="module")
+def run(pg_dsn: str, redis_url: str, run_procs: Procs) -> Iterator[Run]:
+    """Workers behind both pool modes, beat behind session pooling, the checker."""
+    try:
+        bouncer = PgBouncer(pg_dsn, run_procs.log_dir / "pgbouncer.log")
+    except PgBouncerUnavailable as exc:
+        unavailable("pgbouncer", str(exc))
+    tx_dsn, session_dsn = bouncer.dsn_for("tx"), bouncer.dsn_for("session")
+    w = Workload(
+        name="bouncer", admin_dsn=pg_dsn, app_dsn=session_dsn, redis_url=redis_url, procs=run_procs
+    )
+    result = Run(w)
+    try:
+        w.prepare()
+        tx_queue = w.env["TEST_QUEUE"] + "-tx"
+        tx_worker = w.worker("tx", queue=tx_queue, PGLOCK_DSN=tx_dsn)
+        w.worker("session")
+        w.beat("session")
+        refused = run_procs.celery(
+            "tests.faults.faultapp",
+            "beat",
+            "-l",
+            "info",
+            env={**w.env, "TEST_BEAT_EVERY": "1", "PGLOCK_DSN": tx_dsn},
+            name="beat-tx",
+        )
+        result.facts["beat-tx"] = (refused.wait(EXIT_TIMEOUT), refused.log_text())
+        result.facts["tx"] = jobs(w, "faults.job_tx", tx_queue, "tx-tx")
+        result.facts["tx-session"] = w.send(w.key("tx-s"), slot=SLOT, queue=tx_queue)
+        result.facts["session"] = jobs(w, "faults.job", w.env["TEST_QUEUE"], "s-s") + jobs(
+            w, "faults.job_tx", w.env["TEST_QUEUE"], "s-tx"
+        )
+        w.settle(w.sent)
+        result.facts["tx-worker"] = tx_worker
+        w.stop()
+        bouncer.stop()  # its server connections carry our application_name
+        result.report = w.check()
+        yield result
+    finally:
+        bouncer.stop()
+        w.drop()
+
+
+def test_no_slot_succeeded_twice(run: Run) -> None:
+    """Through both pool modes, no (lock name, slot) succeeded twice."""
+    assert [] == run.report.succeeded_twice
+
+
+def test_every_slot_and_message_is_resolved(run: Run) -> None:
+    """Every slot succeeded or failed with a reason; every message ended with a final state."""
+    assert ([], []) == (run.report.unresolved, run.report.unsettled)
+
+
+def test_nothing_is_left_behind(run: Run) -> None:
+    """Once the processes and PgBouncer stopped, no lock is held, no session is open."""
+    assert ([], []) == (run.report.held_locks, run.report.open_sessions)
+
+
+def test_processes_recovered_by_themselves(run: Run) -> None:
+    """Workers and the session-pooled beat exited cleanly on SIGTERM."""
+    assert [] == run.report.crashed, run.workload.exit_codes
+
+
+def test_session_scope_through_transaction_pooling_fails_naming_the_fix(run: Run) -> None:
+    """A session-scope task behind transaction pooling fails, saying to use transaction scope."""
+    [sent] = run.facts["tx-session"]
+    assert ("FAILURE", "ConfigurationError") == (
+        sent.result.state,
+        type(sent.result.result).__name__,
+    )
+    assert 'pglock_scope = "transaction"' in str(sent.result.result)
+    assert [] == [r for r in run.workload.executions() if r["lock_name"] == sent.lock]
+
+
+def test_worker_behind_transaction_pooling_names_its_session_tasks_at_start(run: Run) -> None:
+    """The worker says at start-up which of its tasks will refuse, and how to fix it."""
+    worker: Proc = run.facts["tx-worker"]
+    line = next(text for text in worker.log_text().splitlines() if "transaction pooler" in text)
+    assert ("faults.job," in line, "faults.job_tx" in line) == (True, False)
+    assert 'pglock_scope = "transaction"' in line
+
+
+def test_transaction_scope_through_transaction_pooling_runs_each_slot_once(run: Run) -> None:
+    """Transaction scope works through transaction pooling: each slot once, its copy skipped."""
+    sent: list[Sent] = run.facts["tx"]
+    states = sorted(s.result.state for s in sent)
+    assert ["SKIPPED"] * JOBS + ["SUCCESS"] * JOBS == states
+
+
+def test_session_pooling_runs_both_scopes_once(run: Run) -> None:
+    """Through session pooling, session and transaction scope both run each slot once."""
+    sent: list[Sent] = run.facts["session"]
+    states = sorted(s.result.state for s in sent)
+    assert ["SKIPPED"] * 2 * JOBS + ["SUCCESS"] * 2 * JOBS == states
+
+
+def test_beat_leader_through_transaction_pooling_refuses_to_start(run: Run) -> None:
+    """A leader-electing beat behind transaction pooling exits, naming the fixes."""
+    status, log = run.facts["beat-tx"]
+    assert status != 0
+    assert "pglock_beat_leader = False" in log
+    assert "Sending due task" not in log
