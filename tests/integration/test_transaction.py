@@ -93,7 +93,9 @@ def rollup(app: Celery, pglock_schema: str, script: Script) -> Task[Any, Any]:
         sql.Identifier(pglock_schema, "effects")
     )
 
-    @app.task(bind=True, base=PgLockTask, name="tests.rollup", pglock_scope="transaction")
+    @app.task(
+        bind=True, base=PgLockTask, name="tests.rollup", pglock_scope="transaction", shared=False
+    )
     def rollup(self: Any) -> int:
         lease: Lease = self.pglock
         lease.connection.execute(insert, (lease.slot, lease.token))

@@ -274,7 +274,12 @@ def test_beat_names_the_lock_the_worker_will_take(clock: Clock) -> None:
     """Beat and worker derive the same lock name from ``pglock_key`` and the entry's args."""
     app = make_app({"charge": {"task": "unit.charge", "schedule": 10.0, "args": (7,)}})
 
-    @app.task(base=PgLockTask, name="unit.charge", pglock_key=lambda a, **_: f"account:{a}")
+    @app.task(
+        base=PgLockTask,
+        name="unit.charge",
+        pglock_key=lambda a, **_: f"account:{a}",
+        shared=False,
+    )
     def charge(account_id: int) -> None: ...
 
     scheduler = SimulatedScheduler(app, Store())
