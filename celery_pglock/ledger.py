@@ -13,8 +13,10 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, Connection, Database, connect
 from celery_pglock.keys import split_key
+from celery_pglock.schema import Tables
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 
 MAX_REASON_LENGTH = 500
@@ -192,6 +194,22 @@ def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: s
     params = {**claim.params(), "token": token, "state": state, "reason": reason}
     with connect(db.settings) as conn:
         return conn.execute(db.tables.query("record_outcome"), params).fetchone() is not None
+
+
+def record_worker_lost(settings: Settings, claim: Claim, reason: str) -> int | None:
+    """Record the ``running`` attempt of ``claim``'s message failed (its process died).
+
+    On a fresh, unpooled connection (the worker's main process has no pool). Returns the
+    attempt's token, or None when no such row is still ``running`` (no slot, transaction
+    scope, or a later attempt took the slot over).
+    """
+    if claim.slot is None:
+        return None
+    params = {**claim.params(), "reason": short_reason(reason)}
+    tables = Tables(settings.schema, settings.table_prefix)
+    with connect(settings) as conn:
+        row = conn.execute(tables.query("record_worker_lost"), params).fetchone()
+    return None if row is None else int(row[0])
 
 
 def record_failure_after_rollback(

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Celery, Task, bootsteps
 from celery import signals as celery_signals
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, WorkerLostError
 
 from celery_pglock import signals
 from celery_pglock.config import Settings, TaskOptions
@@ -40,7 +40,14 @@ from celery_pglock.errors import (
     TaskSkipped,
 )
 from celery_pglock.keys import check_lock_name, default_lock_name, lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED, Claim, Skip, record_failure_after_rollback
+from celery_pglock.ledger import (
+    FAILED,
+    SUCCEEDED,
+    Claim,
+    Skip,
+    record_failure_after_rollback,
+    record_worker_lost,
+)
 from celery_pglock.locks import Lease, abandon, acquire, release
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
@@ -194,6 +201,17 @@ class PgLockMixin:
             )
             if lease.scope == "transaction":
                 abandon(db, lease)
+
+    def _pglock_worker_lost(self, exc: BaseException, args: Any, kwargs: Any) -> int | None:
+        """Worker's main process: the child running this request died; record its attempt
+        ``failed`` (returns its token, or None when there was no ``running`` row of it)."""
+        options = self.pglock_options()
+        slot = self._pglock_slot(options, args, kwargs)
+        if slot is None:
+            return None
+        lock_name = self._pglock_name(options, args, kwargs)
+        claim = Claim(lock_name, lock_key(lock_name), slot, self.request.id, self.name)
+        return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
 
     def _pglock_header(self, name: str) -> Any:
         headers = getattr(self.request, "headers", None) or {}
@@ -352,6 +370,42 @@ def _open_pool_after_fork(**_: Any) -> None:
                 exc,
                 extra={"action": "pglock_db_unavailable"},
             )
+
+
+@celery_signals.task_failure.connect
+def _record_worker_lost(
+    sender: Any = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    # Sent in the worker's MAIN process when a pool child died mid-task (SIGKILL, OOM
+    # killer) and the message is not requeued (acks_late off, or no reject_on_worker_lost);
+    # the request's context is on the task's request stack. Without this the attempt's row
+    # would stay `running` until the slot's next message re-claims it.
+    if not isinstance(exception, WorkerLostError) or not isinstance(sender, PgLockMixin):
+        return
+    if sender.name.startswith(BUILTIN_PREFIX):
+        return
+    try:
+        token = sender._pglock_worker_lost(exception, args or (), kwargs or {})
+    except Exception:
+        logger.exception(
+            "could not record the lost worker of %s[%s]",
+            sender.name,
+            sender.request.id,
+            extra={"action": "pglock_failure_not_recorded"},
+        )
+        return
+    if token is not None:
+        logger.warning(
+            "%s[%s]: its worker process died; attempt (token %d) recorded failed",
+            sender.name,
+            sender.request.id,
+            token,
+            extra={"action": "pglock_worker_lost", "token": token},
+        )
 
 
 @celery_signals.worker_process_shutdown.connect

@@ -96,6 +96,18 @@ UPDATE {runs}
  WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s AND state = 'running'
 RETURNING 1;
 
+-- name: record_worker_lost
+-- The worker's main process saw the pool child running this message die (SIGKILL, OOM)
+-- and the message will not be redelivered: record that child's attempt failed. Only the
+-- row this message claimed on this host and still `running`; a later attempt (another
+-- task id) that took the slot over is left alone. The child's session, and its lock,
+-- ended with the process.
+UPDATE {runs}
+   SET state = 'failed', reason = %(reason)s, finished_at = now(), updated_at = now()
+ WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND task_id = %(task_id)s
+   AND host = %(host)s AND state = 'running'
+RETURNING token;
+
 -- name: record_failure_after_rollback
 -- Transaction scope: the attempt's claim rolled back with the body; record the failed
 -- attempt unless another attempt has since claimed or completed the slot.
