@@ -33,7 +33,9 @@ pytest: $(STAMP)
 test-integration: $(STAMP)
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
+## make bench: side-by-side benchmarks (writes docs/benchmarks.md); ARGS=--quick for a short run
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m benchmarks $(ARGS)
 
 clean:

@@ -140,17 +140,13 @@ class Heartbeat:
         self.pid = os.getpid()
         self._leases: dict[int, Lease] = {}
         self._wake = threading.Condition()
-        self._wake_at = float("inf")  # when the thread wakes next (0: awake, planning)
         self._thread = threading.Thread(target=self._run, name="pglock-heartbeat", daemon=True)
         self._thread.start()
 
     def register(self, lease: Lease) -> None:
         with self._wake:
             self._leases[id(lease)] = lease
-            # Only if the thread would sleep past this lease's first ping: waking it for
-            # every short task run back to back costs each one a thread switch.
-            if self._wake_at > lease.last_ping + _interval(lease):
-                self._wake.notify()
+            self._wake.notify()
 
     def unregister(self, lease: Lease) -> None:
         with self._wake:
@@ -159,10 +155,7 @@ class Heartbeat:
     def _run(self) -> None:
         while True:
             with self._wake:
-                wait = self._next_wait()
-                self._wake_at = float("inf") if wait is None else time.monotonic() + wait
-                self._wake.wait(timeout=wait)
-                self._wake_at = 0.0
+                self._wake.wait(timeout=self._next_wait())
                 due = [lease for lease in self._leases.values() if _due(lease)]
             for lease in due:
                 ping(lease)

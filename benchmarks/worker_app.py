@@ -1,0 +1,275 @@
+"""The Celery app the worker benchmarks run in a real ``celery worker`` (prefork).
+
+Every contender is a no-op task taking one argument ``n`` (unique per message, so that
+per-argument locks never collide). Configured from the environment: ``BENCH_BROKER_URL``,
+``BENCH_RESULT_BACKEND`` (optional), ``PGLOCK_DSN``, ``BENCH_SCHEMA``, ``BENCH_PREFIX``
+(Redis key prefix of celery-once and celery-singleton), ``BENCH_FIFO`` and
+``BENCH_SLEEP`` (seconds the contention task sleeps).
+
+Each worker process reports every task through the FIFO ``BENCH_FIFO`` as fixed-size
+records (see ``Record``): the monotonic clock at ``task_prerun`` and ``task_postrun``,
+when a skip was decided, when a body ran. ``CLOCK_MONOTONIC`` is system-wide, so the
+harness can compare these times across processes. One ``write`` of a few bytes costs
+about a microsecond, the same for every contender.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from typing import Any
+
+import psycopg
+from celery import Celery, Task, signals
+from celery_once import QueueOnce  # type: ignore[import-untyped]
+from celery_singleton import Singleton  # type: ignore[import-untyped]
+
+from celery_pglock import PgLockTask
+from celery_pglock import signals as pglock_signals
+from celery_pglock.db import HOSTNAME
+from celery_pglock.keys import lock_key
+from celery_pglock.ledger import Claim, holder_application_name
+from celery_pglock.schema import Tables
+
+ENV = os.environ
+DSN = ENV.get("PGLOCK_DSN", "")
+SCHEMA = ENV.get("BENCH_SCHEMA", "public")
+PREFIX = ENV.get("BENCH_PREFIX", "pglockbench")
+BROKER = ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15")
+
+RECORD = struct.Struct("<HHidd")  # kind, contender, pid, t0, t1
+PRERUN_POSTRUN, SKIP_DECIDED, BODY_RAN = 1, 2, 3
+
+app = Celery("pglockbench")
+app.conf.update(
+    broker_url=BROKER,
+    result_backend=ENV.get("BENCH_RESULT_BACKEND") or None,
+    task_ignore_result=not ENV.get("BENCH_RESULT_BACKEND"),
+    task_default_queue=f"{PREFIX}-default",
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    pglock_dsn=DSN,
+    pglock_schema=SCHEMA,
+    pglock_namespace=PREFIX,
+    ONCE={
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": BROKER, "default_timeout": 3600},
+    },
+    singleton_backend_url=BROKER,
+    singleton_key_prefix=f"{PREFIX}-singleton-",
+)
+
+
+def per_message_key(n: str, **_: Any) -> str:
+    return f"{PREFIX}:{n}"
+
+
+# -- contenders (same body everywhere: nothing) --------------------------------------------
+
+
+@app.task(name="bench.plain")
+def plain(n: str) -> None:
+    """Stock Celery Task."""
+
+
+@app.task(name="bench.session_mutex", base=PgLockTask, pglock_key=per_message_key)
+def session_mutex(n: str) -> None:
+    """Session scope, no slot: the advisory lock only (mutual exclusion)."""
+
+
+@app.task(name="bench.session_slot", base=PgLockTask, pglock_key=per_message_key)
+def session_slot(n: str) -> None:
+    """Session scope with a slot (``pglock_slot`` header, as beat sends it): lock + ledger."""
+
+
+@app.task(
+    name="bench.transaction_slot",
+    base=PgLockTask,
+    pglock_key=per_message_key,
+    pglock_scope="transaction",
+)
+def transaction_slot(n: str) -> None:
+    """Transaction scope with a slot: lock, ledger and body in one transaction."""
+
+
+@app.task(name="bench.once", base=QueueOnce)
+def once(n: str) -> None:
+    """celery-once: Redis lock taken at publish, cleared after the run."""
+
+
+@app.task(name="bench.singleton", base=Singleton)
+def singleton(n: str) -> None:
+    """celery-singleton: Redis lock taken at publish, cleared after the run."""
+
+
+@app.task(name="bench.contended", base=PgLockTask)
+def contended(n: str) -> None:
+    """One lock (the task name) for every message; the body takes ``BENCH_SLEEP`` s."""
+    report(BODY_RAN, time.monotonic(), time.monotonic(), CODES["bench.contended"])
+    time.sleep(float(ENV.get("BENCH_SLEEP", "0.05")))
+
+
+# -- the floor: our own statements, bare, on one connection per process ----------------
+
+
+class Floor:
+    """The SQL a locked run must issue, without Celery, the pool or our Python around it."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[Any] | None = None
+        self.tables = Tables(schema)
+        self.idle_ms = "0"
+
+    def connection(self, autocommit: bool) -> psycopg.Connection[Any]:
+        if self.conn is None:
+            name = f"celery-pglock-floor {os.getpid()}@{HOSTNAME}"  # CPU accounting finds it
+            self.conn = psycopg.connect(self.dsn, autocommit=True, application_name=name)
+            row = self.conn.execute("SELECT current_setting('idle_session_timeout')").fetchone()
+            self.idle_ms = row[0] if row else "0"
+        if self.conn.autocommit != autocommit:
+            self.conn.autocommit = autocommit
+        return self.conn
+
+    def params(self, n: str, slot: str | None, task_id: str) -> dict[str, Any]:
+        """The statements' parameters, as ``locks.acquire``/``release`` build them."""
+        name = per_message_key(n)
+        claim = Claim(name, lock_key(name), slot, task_id, "bench.floor", pid=os.getpid())
+        return {
+            **claim.params(),
+            "lease_ms": "30000",
+            "application_name": holder_application_name(task_id, os.getpid(), HOSTNAME),
+            "token": None,
+            "state": "succeeded",
+            "reason": None,
+            "idle_default": self.idle_ms,
+            "idle_application_name": f"celery-pglock {os.getpid()}@{HOSTNAME}",
+        }
+
+    def session(self, n: str, slot: str | None, task_id: str) -> None:
+        """Our ``acquire`` and ``release`` statements, session scope: two round trips."""
+        conn = self.connection(autocommit=True)
+        params = self.params(n, slot, task_id)
+        acquire = self.tables.query(
+            "acquire",
+            try_lock="pg_try_advisory_lock",
+            arm_lease="set_config('idle_session_timeout', %(lease_ms)s, false)",
+        )
+        row = conn.execute(acquire, params).fetchone()
+        assert row is not None
+        params["token"] = row[1]
+        release = self.tables.query(
+            "release",
+            unlock="pg_advisory_unlock_all()",
+            disarm_lease="set_config('idle_session_timeout', %(idle_default)s, false)",
+        )
+        conn.execute(release, params).fetchone()
+
+    def transaction(self, n: str, slot: str, task_id: str) -> None:
+        """Transaction scope: BEGIN, acquire, release, COMMIT (psycopg's BEGIN/COMMIT)."""
+        conn = self.connection(autocommit=False)
+        params = self.params(n, slot, task_id)
+        acquire = self.tables.query(
+            "acquire",
+            try_lock="pg_try_advisory_xact_lock",
+            arm_lease="set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)",
+        )
+        row = conn.execute(acquire, params).fetchone()
+        assert row is not None
+        params["token"] = row[1]
+        release = self.tables.query(
+            "release", unlock="pg_advisory_unlock_all()", disarm_lease="NULL"
+        )
+        conn.execute(release, params).fetchone()
+        conn.commit()
+
+    def minimal(self, n: str) -> None:
+        """Mutual exclusion alone: try-lock, unlock."""
+        conn = self.connection(autocommit=True)
+        key = lock_key(per_message_key(n))
+        conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()
+
+
+_floor = Floor(DSN, SCHEMA)
+
+
+@app.task(name="bench.floor_mutex", bind=True)
+def floor_mutex(self: Task, n: str) -> None:  # type: ignore[type-arg]
+    """Floor of ``session_mutex``: its two statements, bare."""
+    _floor.session(n, None, str(self.request.id))
+
+
+@app.task(name="bench.floor_slot", bind=True)
+def floor_slot(self: Task, n: str) -> None:  # type: ignore[type-arg]
+    """Floor of ``session_slot``: its two statements, bare."""
+    _floor.session(n, n, str(self.request.id))
+
+
+@app.task(name="bench.floor_transaction", bind=True)
+def floor_transaction(self: Task, n: str) -> None:  # type: ignore[type-arg]
+    """Floor of ``transaction_slot``: its statements, bare, in their transaction."""
+    _floor.transaction(n, n, str(self.request.id))
+
+
+@app.task(name="bench.floor_minimal")
+def floor_minimal(n: str) -> None:
+    """The least any advisory-lock mutex costs: try-lock, unlock."""
+    _floor.minimal(n)
+
+
+CONTENDERS = (
+    "plain",
+    "session_mutex",
+    "session_slot",
+    "transaction_slot",
+    "once",
+    "singleton",
+    "floor_mutex",
+    "floor_slot",
+    "floor_transaction",
+    "floor_minimal",
+    "contended",
+)
+CODES = {f"bench.{name}": code for code, name in enumerate(CONTENDERS)}
+
+
+# -- reporting -----------------------------------------------------------------------------
+
+
+class _Reporter:
+    fd = -1
+    started = 0.0
+
+
+def report(kind: int, t0: float, t1: float, contender: int = 0) -> None:
+    if _Reporter.fd < 0:
+        path = ENV.get("BENCH_FIFO")
+        if not path:
+            return
+        _Reporter.fd = os.open(path, os.O_WRONLY)
+    os.write(_Reporter.fd, RECORD.pack(kind, contender, os.getpid(), t0, t1))
+
+
+@signals.worker_process_init.connect
+def _reset_reporter(**_: Any) -> None:
+    _Reporter.fd = -1  # inherited across fork: reopen in each child
+
+
+@signals.task_prerun.connect
+def _prerun(**_: Any) -> None:
+    _Reporter.started = time.monotonic()
+
+
+@signals.task_postrun.connect
+def _postrun(task: Any = None, **_: Any) -> None:
+    name = getattr(task, "name", "")
+    if name in CODES:
+        report(PRERUN_POSTRUN, _Reporter.started, time.monotonic(), CODES[name])
+
+
+@pglock_signals.task_skipped.connect
+def _skipped(sender: Any = None, **_: Any) -> None:
+    name = getattr(sender, "name", "")
+    report(SKIP_DECIDED, _Reporter.started, time.monotonic(), CODES.get(name, 0))
