@@ -265,13 +265,14 @@ def enqueue(run: Run) -> tuple[list[str], list[Any]]:
     return lines, []
 
 
-def summary(targets: list[Any]) -> str:
+def summary(targets: list[Any], written: bool) -> str:
     """One line: how many targets were met, and each missed one with its result."""
     measured = [t for t in targets if t.met is not None]
     met = sum(1 for t in measured if t.met)
     missed = [f"{t.measure.split(' ', 1)[1]}: {t.result}" for t in measured if not t.met]
     tail = f"; missed: {'; '.join(missed)}" if missed else ""
-    return f"bench: {met}/{len(measured)} targets met{tail} (docs/benchmarks.md)"
+    where = " (docs/benchmarks.md)" if written else ""
+    return f"bench: {met}/{len(measured)} targets met{tail}{where}"
 
 
 def document(run: Run, header: str, load: common.LoadWindow, started: str) -> str:
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         (DOCS / "benchmarks.md").write_text(text)
         print(f"written to docs/benchmarks.md and {PLOTS.relative_to(common.ROOT)}/")
-    print(summary(run.targets))
+    print(summary(run.targets, written=not args.no_write))
 
 
 if __name__ == "__main__":

@@ -77,8 +77,10 @@ def failover_section(
         "",
         "*detected*: fault → first send by another replica (median / p95 / max). *gap*: that",
         "send minus (the old leader's last send + 1 s), i.e. time the schedule went unserved",
-        "beyond its period (median / p95). *duplicates*: sends by the frozen replica after it",
-        "woke.",
+        "beyond its period (median / p95). *periods missed*: periods with no send between the",
+        "old leader's last send and the new one's first (celery-pglock's default",
+        '`pglock_beat_catch_up = "none"` does not send them late, like stock beat).',
+        "*duplicates*: sends by the frozen replica after it woke.",
         "",
         *table(
             [

@@ -96,9 +96,9 @@ def ledger_section(result: ledger_scale.Result) -> tuple[list[str], list[Target]
             rows,
         ),
         "",
-        "A ledger with statistics once made `acquire` slower (re-planned on every claim, the",
-        "coalescing look-up priced too high for its generic plan): see the CASE in `acquire`.",
-        "What is left grows with the B-tree's depth.",
+        "Before the CASE in `acquire` (coalescing look-up), a ledger with statistics made",
+        "PostgreSQL plan `acquire` afresh on every claim: 1.19-1.20x at 1 M and 10 M rows for a",
+        "caller's slot, 1.34x at 1 M for a beat slot. It now keeps its generic plan.",
         "",
         f"`retention.prune` (batches of 1,000, `SKIP LOCKED`) deleting {result.pruned_rows:,} "
         f"rows in {result.prune_seconds:.1f} s from another process, while this process keeps "
