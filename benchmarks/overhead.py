@@ -8,7 +8,9 @@ round, so slow phases of the shared machine hit every contender alike. Per batch
 - *service*: in the worker process, ``task_prerun`` to ``task_postrun`` (our
   ``__call__`` wrapper, the body, celery-once's and celery-singleton's unlock);
 - *drain*: first start to last end over the batch, divided by its size (throughput of
-  the two processes, broker and acknowledgements included).
+  the two processes, broker and acknowledgements included);
+- *CPU*: CPU time the batch cost the worker processes, their PostgreSQL backends and the
+  publishing thread (``benchmarks.cpu``), per task.
 
 The floor tasks are plain tasks whose body issues the same SQL as ours, bare, on one
 connection per worker process: their cost above ``plain`` is the floor of ours.
@@ -49,7 +51,9 @@ FLOOR_OF = {
 # Publish exactly like plain: their median is the baseline of publishing cost in a round.
 PLAIN_PUBLISH = tuple(name for name in TIMED if name not in ("once", "singleton"))
 CPU_PARTS = ("worker", "postgres", "redis", "publish")
-MINIMUM_TRIPS = {"session_mutex": 2, "session_slot": 2, "transaction_slot": 2}
+# Waited round trips: a mutex-only run waits for its acquire only.
+MINIMUM_TRIPS = {"session_mutex": 1, "session_slot": 2, "transaction_slot": 2}
+UNWAITED_LABEL = "SELECT pg_advisory_unlock_all(), set_config("  # the release sent unwaited
 
 
 @dataclass
@@ -68,7 +72,7 @@ class Round:
         return batch.drain / batch.n
 
     def cpu(self, contender: str) -> float:
-        """CPU seconds per task: worker processes, their PostgreSQL sessions, Redis, publisher."""
+        """CPU seconds per task: worker processes, their PostgreSQL sessions, the publisher."""
         return self.batches[contender].cpu_per_task
 
     def cpu_extra(self, contender: str) -> float:

@@ -58,7 +58,7 @@ def overhead_section(result: overhead.Result) -> tuple[list[str], list[Target]]:
                 Summary.of(result.values("total_extra", name)).text(us) if name != "plain" else "",
                 Summary.of(result.values("cpu", name)).text(us),
                 Summary.of(result.values("cpu_extra", name)).text(us) if name != "plain" else "",
-                f"{sum(trips.values()):.2f}" if trips else "",
+                _waited(trips) if trips else "",
             ]
         )
     pairs, targets = _overhead_pairs(result)
@@ -87,7 +87,7 @@ def overhead_section(result: overhead.Result) -> tuple[list[str], list[Target]]:
                 "extra",
                 "CPU",
                 "CPU extra",
-                "round trips",
+                "waited round trips",
             ],
             rows,
         ),
@@ -210,9 +210,16 @@ def _trip_breakdown(result: overhead.Result) -> list[str]:
     for name, trips in result.trips.items():
         carried = "; ".join(f"{label} {TIMES}{count:.2f}" for label, count in trips.items())
         minimum = overhead.MINIMUM_TRIPS.get(name, 2)
-        rows.append([name, f"{sum(trips.values()):.2f}", str(minimum), carried])
+        rows.append([name, f"{sum(trips.values()):.2f}", _waited(trips), str(minimum), carried])
     return [
-        "Round trips per task, counted by a proxy that reads the protocol (untimed pass):",
+        "Round trips per task, counted by a proxy that reads the protocol (untimed pass).",
+        "*waited*: those the task waits for; a mutex-only release is sent and its reply read",
+        "when the connection is next used (`SELECT pg_advisory_unlock_all(), set_config…`).",
         "",
-        *table(["contender", "round trips", "minimum", "what each carried"], rows),
+        *table(["contender", "round trips", "waited", "minimum waited", "what each carried"], rows),
     ]
+
+
+def _waited(trips: dict[str, float]) -> str:
+    unwaited = sum(n for label, n in trips.items() if label.startswith(overhead.UNWAITED_LABEL))
+    return f"{sum(trips.values()) - unwaited:.2f}"

@@ -25,11 +25,12 @@ from celery import Celery, Task, signals
 from celery_once import QueueOnce  # type: ignore[import-untyped]
 from celery_singleton import Singleton  # type: ignore[import-untyped]
 
-from celery_pglock import PgLockTask
+from celery_pglock import PgLockTask, unwaited
 from celery_pglock import signals as pglock_signals
 from celery_pglock.db import HOSTNAME
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import Claim, holder_application_name
+from celery_pglock.locks import RELEASE_UNWAITED
 from celery_pglock.schema import Tables
 
 ENV = os.environ
@@ -121,6 +122,7 @@ class Floor:
         self.conn: psycopg.Connection[Any] | None = None
         self.tables = Tables(schema)
         self.idle_ms = "0"
+        self.reply_pending = False
 
     def connection(self, autocommit: bool) -> psycopg.Connection[Any]:
         if self.conn is None:
@@ -128,6 +130,9 @@ class Floor:
             self.conn = psycopg.connect(self.dsn, autocommit=True, application_name=name)
             row = self.conn.execute("SELECT current_setting('idle_session_timeout')").fetchone()
             self.idle_ms = row[0] if row else "0"
+        if self.reply_pending:  # read, as our Database does when it gives it out again
+            unwaited.read_reply(self.conn, timeout=5.0)
+            self.reply_pending = False
         if self.conn.autocommit != autocommit:
             self.conn.autocommit = autocommit
         return self.conn
@@ -148,7 +153,8 @@ class Floor:
         }
 
     def session(self, n: str, slot: str | None, task_id: str) -> None:
-        """Our ``acquire`` and ``release`` statements, session scope: two round trips."""
+        """Our ``acquire`` and ``release`` statements, session scope, sent as we send them:
+        without a slot the release is not waited for (its reply is read on the next call)."""
         conn = self.connection(autocommit=True)
         params = self.params(n, slot, task_id)
         acquire = self.tables.query(
@@ -158,6 +164,11 @@ class Floor:
         )
         row = conn.execute(acquire, params).fetchone()
         assert row is not None
+        if slot is None:
+            release_params = [self.idle_ms, params["idle_application_name"]]
+            unwaited.send(conn, RELEASE_UNWAITED, release_params, timeout=5.0)
+            self.reply_pending = True
+            return
         params["token"] = row[1]
         release = self.tables.query(
             "release",

@@ -335,7 +335,7 @@ class PgLockSchedulerMixin:
         """Run a beat query: on the leader's connection in leader mode, else pooled."""
         if self._election is None:
             db = database(self.pglock_settings)
-            with db.pool.connection() as conn:
+            with db.connection() as conn:
                 return _rows(conn.execute(db.tables.query(name), params))
         leader_conn = self._election.connection
         if leader_conn is None:

@@ -12,6 +12,8 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -22,11 +24,13 @@ from celery_pglock import schema
 from celery_pglock.config import Settings, redact
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import lock_key
+from celery_pglock.parking import Parking
 
 logger = logging.getLogger("celery_pglock")
 
 Connection = psycopg.Connection[Any]
 
+IDLE = psycopg.pq.TransactionStatus.IDLE
 IDLE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 TCP_USER_TIMEOUT_MS = 30_000
 LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14
@@ -103,6 +107,7 @@ class Database:
             timeout=settings.connect_timeout,
             name=f"celery-pglock-{os.getpid()}",
         )
+        self.parking = Parking(self.pool, reply_timeout=settings.connect_timeout)
 
     @property
     def lease_supported(self) -> bool:
@@ -125,6 +130,9 @@ class Database:
 
     def getconn(self) -> Connection:
         """A connection for one locked execution; give it back with ``putconn``."""
+        parked = self.parking.take()
+        if parked is not None:
+            return parked
         try:
             return self.pool.getconn()
         except PoolTimeout:
@@ -136,9 +144,27 @@ class Database:
 
     def putconn(self, conn: Connection, *, clean: bool) -> None:
         """Return ``conn``; ``clean`` says our release statement already freed its locks."""
-        if not clean:
+        if not clean or conn.info.transaction_status != IDLE:
             self._reset(conn)
-        self.pool.putconn(conn)
+        if conn.closed:
+            self.pool.putconn(conn)  # forgotten, replaced by the pool
+        else:
+            self.parking.park(conn)
+
+    def park_unwaited(self, conn: Connection) -> None:
+        """Give back ``conn`` while the reply to its last statement is on its way."""
+        self.parking.park(conn, pending=True)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection for plain statements (no locks, autocommit), given back afterwards."""
+        conn = self.getconn()
+        try:
+            if not conn.autocommit:  # a transaction-scope run gave it back idle
+                conn.autocommit = True
+            yield conn
+        finally:
+            self.putconn(conn, clean=True)  # reset anyway if it is not idle
 
     def ensure_schema(self, conn: Connection) -> None:
         if self._schema_ready:
@@ -150,6 +176,7 @@ class Database:
 
     def close(self) -> None:
         if self.pid == os.getpid():
+            self.parking.close()
             self.pool.close(timeout=2)
 
     def _configure(self, conn: Connection) -> None:
@@ -176,7 +203,7 @@ class Database:
         # returned on an error path needs the full reset (one extra round trip). One that
         # cannot be reset is closed: the pool then replaces it.
         try:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            if conn.info.transaction_status != IDLE:
                 conn.rollback()
             conn.autocommit = True  # else the reset opens a transaction
             conn.execute(RESET_SQL if self.lease_supported else RESET_SQL_PRE14)

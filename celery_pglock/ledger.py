@@ -133,7 +133,7 @@ def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:
 def enqueued_skip(db: Database, claim: Claim) -> Skip | None:
     """Before publishing: the skip of a slot that already succeeded or that a live session
     is running (logged as such), else None. One plain look-up on a pooled connection."""
-    with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    with db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(db.tables.query("enqueue_check"), claim.params()).fetchone()
     return None if row is None else skip_from_row(claim, row)
 

@@ -3,7 +3,9 @@
 ``acquire`` takes the lock, a fencing token and the ledger claim in one round trip and
 returns a ``Lease`` (granted) or a ``Skip`` (why not: ``locked``, ``done``, and with the
 coalescing policies of the claim ``superseded`` or ``late``). ``release`` records the outcome and
-frees the lock in one more round trip.
+frees the lock in one more round trip. A session-scope lock without a slot has no outcome
+to record: its release is sent without waiting for the reply (``unwaited``), so such a
+run costs one round trip.
 
 The lease: while a holder runs, its lock connection has ``idle_session_timeout`` (session
 scope) or ``idle_in_transaction_session_timeout`` (transaction scope) set to the lease, and
@@ -23,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock import signals
+from celery_pglock import signals, unwaited
 from celery_pglock.config import Scope
 from celery_pglock.db import Connection, Database, application_name, translate_error
 from celery_pglock.errors import DatabaseUnavailable, LockLost
@@ -46,6 +48,15 @@ ARM_SESSION_LEASE = "set_config('idle_session_timeout', %(lease_ms)s, false)"
 # is_local=true: PostgreSQL reverts it when the transaction ends, no disarm needed.
 ARM_TRANSACTION_LEASE = "set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)"
 DISARM_SESSION_LEASE = "set_config('idle_session_timeout', %(idle_default)s, false)"
+# The release of a session-scope lock without a slot, sent unwaited: libpq placeholders
+# ($1: the configured idle_session_timeout, $2: the pooled application_name).
+RELEASE_UNWAITED = (
+    b"SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', $1, false),"
+    b" set_config('application_name', $2, false)"
+)
+RELEASE_UNWAITED_PRE14 = (  # no lease to disarm; $1: the pooled application_name
+    b"SELECT pg_advisory_unlock_all(), set_config('application_name', $1, false)"
+)
 PING_SQL = "SELECT 1"
 IDLE = psycopg.pq.TransactionStatus.IDLE
 MIN_PING_INTERVAL = 0.2
@@ -66,6 +77,7 @@ class Lease:
     lease: float | None
     lost_cause: str | None = None
     last_ping: float = field(default_factory=time.monotonic)
+    released: bool = False  # release began: the heartbeat must not use the connection
 
     @property
     def lock(self) -> str:
@@ -121,7 +133,7 @@ def ping(lease: Lease) -> None:
     conn = lease.connection
     # Never wait behind the task's own query (transaction scope): a busy connection is
     # not idle, so the server will not end it.
-    if not conn.lock.acquire(blocking=False):
+    if lease.released or not conn.lock.acquire(blocking=False):
         lease.last_ping = time.monotonic()  # busy, so not idle: next ping in one interval
         return
     conn.lock.release()
@@ -129,6 +141,8 @@ def ping(lease: Lease) -> None:
         conn.execute(PING_SQL)
         lease.last_ping = time.monotonic()
     except psycopg.Error as exc:
+        if lease.released:  # released meanwhile: the connection is no longer the lease's
+            return
         # The session is gone on an OperationalError, or when the server ended it with an
         # error of another class (IdleInTransactionSessionTimeout is an InternalError).
         # Otherwise (e.g. the task's transaction is aborted) the session and the lock live on.
@@ -228,6 +242,10 @@ def acquire(
         db.check_session_scope()
     query = db.tables.query("acquire", **_fragments(db, scope, lease))
     conn, row = _execute_acquire(db, query, params, scope, waited)
+    if not row[0]:
+        # The holder may have just ended, its release sent unwaited and not yet read by
+        # its server process: one more try, a round trip later, before skipping.
+        conn, row = _execute_acquire(db, query, params, scope, conn)
     acquired, token, attempts, newer_slot, late = row
     if acquired and (claim.slot is None or attempts is not None):
         granted = Lease(claim, scope, conn, token, attempts, lease)
@@ -296,7 +314,10 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     """Record the attempt's outcome and free the lock; says if the lock was lost."""
     if lease.lease is not None:
         heartbeat().unregister(lease)
+    lease.released = True
     conn = lease.connection
+    if _release_unwaited(db, lease):
+        return Released(recorded=False, lost=lease.lost)
     params = {
         **lease.claim.params(),
         "token": lease.token,
@@ -321,6 +342,28 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
     db.putconn(conn, clean=True)
     return Released(recorded=bool(row and row[0]), lost=lease.lost)
+
+
+def _release_unwaited(db: Database, lease: Lease) -> bool:
+    """Send a mutex-only release without waiting; False when it must be waited for."""
+    conn = lease.connection
+    if lease.scope != "session" or lease.claim.slot is not None:
+        return False  # an outcome to record, or a transaction to commit
+    if conn.closed or conn.info.transaction_status != IDLE or not unwaited.quiet(conn):
+        return False  # the body left a transaction open, or the server spoke (ended it?)
+    if db.lease_supported:
+        query = RELEASE_UNWAITED
+        params = [db.idle_defaults["idle_session_timeout"], application_name()]
+    else:
+        query, params = RELEASE_UNWAITED_PRE14, [application_name()]
+    try:
+        unwaited.send(conn, query, params, db.settings.connect_timeout)
+    except psycopg.Error as exc:
+        db.putconn(conn, clean=False)  # closed if broken: its session, and lock, are gone
+        lease.mark_lost(f"connection lost before the lock was released: {exc}")
+        return True
+    db.park_unwaited(conn)
+    return True
 
 
 def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None) -> bool:

@@ -161,7 +161,7 @@ def test_superseded_holder_cannot_write_through_fence(
 
     with new.connection.transaction():
         fence(new.connection, "daily_rollup", new.token, tables=db.tables)
-    with pytest.raises(StaleToken), db.pool.connection() as conn:
+    with pytest.raises(StaleToken), db.connection() as conn:
         fence(conn, "daily_rollup", old.token, tables=db.tables)
 
     assert new.token == fenced(pg_conn, db, "daily_rollup")

@@ -230,7 +230,7 @@ def test_release_disarms_the_lease_of_the_pooled_connection(
         lease = granted(acquire(db, claim(job, SLOT), "session", 1.0))
         release(db, lease, SUCCEEDED)
 
-        with db.pool.connection() as conn:
+        with db.connection() as conn:
             setting = conn.execute("SELECT current_setting('idle_session_timeout')").fetchone()
             assert lease.connection.info.backend_pid == conn.info.backend_pid
     assert (default,) == setting
@@ -245,7 +245,7 @@ def test_done_skip_disarms_the_lease_it_armed(
         release(db, granted(acquire(db, claim(job, SLOT), "session", None)), SUCCEEDED)
         assert "done" == skipped(acquire(db, claim(job, SLOT), "session", 1.0)).reason
 
-        with db.pool.connection() as conn:
+        with db.connection() as conn:
             setting = conn.execute("SELECT current_setting('idle_session_timeout')").fetchone()
             locks = advisory_locks_of(pg_conn, conn.info.backend_pid)
     assert ((default,), 0) == (setting, locks)

@@ -129,7 +129,7 @@ def test_released_connection_returns_to_the_pool_without_locks(
         backend = lease.connection.info.backend_pid
         release(db, lease, SUCCEEDED)
 
-        with db.pool.connection() as conn:
+        with db.connection() as conn:
             assert backend == conn.info.backend_pid
             assert 0 == advisory_locks_of(pg_conn, backend)
 
@@ -147,7 +147,7 @@ def test_locks_the_body_took_on_its_connection_end_with_the_execution(
 
         release(single, lease, SUCCEEDED)
 
-        with single.pool.connection() as conn:
+        with single.connection() as conn:
             assert 0 == advisory_locks_of(pg_conn, conn.info.backend_pid)
         assert [] == lock_holders(pg_conn, name)
 

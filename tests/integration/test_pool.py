@@ -55,7 +55,7 @@ def test_reset_frees_every_lock_of_a_returned_connection(
     db.putconn(conn, clean=False)
 
     wait_until(lambda: advisory_locks_of(pg_conn, backend) == 0, message="the reset to unlock")
-    with db.pool.connection() as again:
+    with db.connection() as again:
         assert backend == again.info.backend_pid
 
 
@@ -65,7 +65,7 @@ def test_next_user_never_inherits_a_lock(db: Database, pg_conn: Conn, job: str) 
     conn.execute("SELECT pg_advisory_lock(%s)", (lock_key(job),))
     db.putconn(conn, clean=False)
 
-    with db.pool.connection() as again:
+    with db.connection() as again:
         assert 0 == advisory_locks_of(pg_conn, again.info.backend_pid)
 
 
@@ -78,7 +78,7 @@ def test_transaction_connection_returned_on_error_path_is_kept(
 
     abandon(db, lease)
 
-    with db.pool.connection() as again:
+    with db.connection() as again:
         assert backend == again.info.backend_pid
         assert 0 == advisory_locks_of(pg_conn, backend)
     assert [] == lock_holders(pg_conn, job)
@@ -99,7 +99,7 @@ def test_dead_pooled_connection_is_replaced_on_acquire(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
     """A pooled connection the server ended while idle is retried once on a fresh one."""
-    with db.pool.connection() as conn:
+    with db.connection() as conn:
         idle_backend = conn.info.backend_pid
     terminate(pg_conn, idle_backend)
 
@@ -127,7 +127,7 @@ FORK_CHILD = textwrap.dedent(
     child = os.fork()
     if child == 0:
         db = database(settings)
-        with db.pool.connection() as conn:
+        with db.connection() as conn:
             print("CHILD", int(db is parent), conn.info.backend_pid, flush=True)
         db.close()
         sys.exit(0)  # a normal exit: finalizers run, the inherited pool must stay untouched
