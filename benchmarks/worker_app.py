@@ -30,7 +30,7 @@ from celery_pglock import signals as pglock_signals
 from celery_pglock.db import HOSTNAME
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import Claim, holder_application_name
-from celery_pglock.locks import RELEASE_UNWAITED
+from celery_pglock.locks import RELEASE_UNWAITED, acquire_fragments
 from celery_pglock.schema import Tables
 
 ENV = os.environ
@@ -157,11 +157,8 @@ class Floor:
         without a slot the release is not waited for (its reply is read on the next call)."""
         conn = self.connection(autocommit=True)
         params = self.params(n, slot, task_id)
-        acquire = self.tables.query(
-            "acquire",
-            try_lock="pg_try_advisory_lock",
-            arm_lease="set_config('idle_session_timeout', %(lease_ms)s, false)",
-        )
+        fragments = acquire_fragments("session", armed=True, slotted=slot is not None)
+        acquire = self.tables.query("acquire", **fragments)
         row = conn.execute(acquire, params).fetchone()
         assert row is not None
         if slot is None:
@@ -181,11 +178,8 @@ class Floor:
         """Transaction scope: BEGIN, acquire, release, COMMIT (psycopg's BEGIN/COMMIT)."""
         conn = self.connection(autocommit=False)
         params = self.params(n, slot, task_id)
-        acquire = self.tables.query(
-            "acquire",
-            try_lock="pg_try_advisory_xact_lock",
-            arm_lease="set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)",
-        )
+        fragments = acquire_fragments("transaction", armed=True, slotted=True)
+        acquire = self.tables.query("acquire", **fragments)
         row = conn.execute(acquire, params).fetchone()
         assert row is not None
         params["token"] = row[1]

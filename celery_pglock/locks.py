@@ -37,6 +37,7 @@ from celery_pglock.ledger import (
     record_outcome,
     short_reason,
 )
+from celery_pglock.schema import query_texts
 
 logger = logging.getLogger("celery_pglock")
 
@@ -48,6 +49,11 @@ ARM_SESSION_LEASE = "set_config('idle_session_timeout', %(lease_ms)s, false)"
 # is_local=true: PostgreSQL reverts it when the transaction ends, no disarm needed.
 ARM_TRANSACTION_LEASE = "set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)"
 DISARM_SESSION_LEASE = "set_config('idle_session_timeout', %(idle_default)s, false)"
+# The ledger CTEs of `acquire` for a lock without a slot: nothing to look up or claim.
+NO_LEDGER = (
+    "stale AS (SELECT NULL::text AS newer_slot, false AS late), "
+    "claim AS (SELECT NULL::integer AS attempts WHERE false)"
+)
 # The release of a session-scope lock without a slot, sent unwaited: libpq placeholders
 # ($1: the configured idle_session_timeout, $2: the pooled application_name).
 RELEASE_UNWAITED = (
@@ -214,10 +220,19 @@ def heartbeat() -> Heartbeat:
         return _heartbeat
 
 
-def _fragments(db: Database, scope: Scope, lease: float | None) -> dict[str, str]:
-    armed = lease is not None and (scope == "transaction" or db.lease_supported)
+def acquire_fragments(scope: Scope, *, armed: bool, slotted: bool) -> dict[str, str]:
+    """The fragments of the ``acquire`` query: the try-lock, the lease, the ledger claim."""
     arm = ARM_SESSION_LEASE if scope == "session" else ARM_TRANSACTION_LEASE
-    return {"try_lock": TRY_LOCK[scope], "arm_lease": arm if armed else "NULL"}
+    return {
+        "try_lock": TRY_LOCK[scope],
+        "arm_lease": arm if armed else "NULL",
+        "ledger": query_texts()["acquire_ledger"] if slotted else NO_LEDGER,
+    }
+
+
+def _fragments(db: Database, scope: Scope, lease: float | None, claim: Claim) -> dict[str, str]:
+    armed = lease is not None and (scope == "transaction" or db.lease_supported)
+    return acquire_fragments(scope, armed=armed, slotted=claim.slot is not None)
 
 
 def acquire(
@@ -240,7 +255,7 @@ def acquire(
     }
     if scope == "session":
         db.check_session_scope()
-    query = db.tables.query("acquire", **_fragments(db, scope, lease))
+    query = db.tables.query("acquire", **_fragments(db, scope, lease, claim))
     conn, row = _execute_acquire(db, query, params, scope, waited)
     if not row[0]:
         # The holder may have just ended, its release sent unwaited and not yet read by

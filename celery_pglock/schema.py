@@ -96,12 +96,13 @@ class Tables:
         return composed.as_string().encode("utf-8")
 
     def query(self, name: str, **fragments: str) -> bytes:
-        """A named query; ``fragments`` are SQL constants from our own code, never input."""
+        """A named query; ``fragments`` are SQL constants from our own code or other named
+        queries, never input (their braces name our tables too)."""
         return self._query(name, tuple(sorted(fragments.items())))
 
     @cache  # noqa: B019 - Tables are few, frozen and live as long as the process
     def _query(self, name: str, fragments: tuple[tuple[str, str], ...]) -> bytes:
-        parts = {key: sql.SQL(text) for key, text in fragments}
+        parts = {key: sql.SQL(text).format(**self.identifiers) for key, text in fragments}
         return self.render(query_texts()[name], **parts)
 
     def migration_sql(self, version: int) -> str:

@@ -3,15 +3,9 @@
 
 -- name: acquire
 -- One round trip: try the advisory lock; if granted, take a fencing token, arm the
--- lease, record the holder and claim the ledger row (a succeeded slot is never claimed).
--- Coalescing (`stale`): a time slot is not claimed when a newer time slot of the same
--- lock (and beat entry) already succeeded (%(newer_than)s is our slot, NULL when the
--- policy is off), or when it is older than %(max_lateness)s seconds (%(slot_time)s).
--- Time slots are fixed-width ISO strings (%(slot_pattern)s): they sort as text.
--- The look-up's last two tests sit in a CASE so that the planner does not guess them
--- nearly never true: that guess priced the generic plan so high that, once the ledger
--- had statistics, this statement was planned afresh on every claim (a third slower at
--- a million rows). The CASE changes the estimate, not the result.
+-- lease and record the holder. The `ledger` fragment is `acquire_ledger` (below) when
+-- the message has a slot; for a lock without one, CTEs that claim nothing (`NO_LEDGER`
+-- in locks.py), so that such a lock costs the server no look-up in the ledger.
 WITH lock AS (
     SELECT {try_lock}(%(key)s) AS acquired
 ), granted AS (
@@ -28,7 +22,24 @@ WITH lock AS (
             host = EXCLUDED.host, pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid,
             token = EXCLUDED.token, since = now()
     RETURNING token
-), stale AS (
+), {ledger}
+SELECT (SELECT acquired FROM lock) AS acquired,
+       (SELECT token FROM holder) AS token,
+       (SELECT attempts FROM claim) AS attempts,
+       (SELECT newer_slot FROM stale) AS newer_slot,
+       (SELECT late FROM stale) AS late;
+
+-- name: acquire_ledger
+-- The ledger part of `acquire`: claim the slot's row (a succeeded slot is never claimed).
+-- Coalescing (`stale`): a time slot is not claimed when a newer time slot of the same
+-- lock (and beat entry) already succeeded (newer_than is our slot, NULL when the policy
+-- is off), or when it is older than max_lateness seconds (slot_time). Time slots are
+-- fixed-width ISO strings (slot_pattern): they sort as text.
+-- The look-up's last two tests sit in a CASE so that the planner does not guess them
+-- nearly never true: that guess priced the generic plan so high that, once the ledger
+-- had statistics, this statement was planned afresh on every claim (a third slower at
+-- a million rows). The CASE changes the estimate, not the result.
+stale AS (
     SELECT (SELECT n.slot FROM {runs} n
              WHERE n.lock_name = %(lock_name)s AND n.slot > %(newer_than)s::text
                AND n.state = 'succeeded'
@@ -54,11 +65,6 @@ WITH lock AS (
         WHERE r.state <> 'succeeded'
     RETURNING attempts
 )
-SELECT (SELECT acquired FROM lock) AS acquired,
-       (SELECT token FROM holder) AS token,
-       (SELECT attempts FROM claim) AS attempts,
-       (SELECT newer_slot FROM stale) AS newer_slot,
-       (SELECT late FROM stale) AS late;
 
 -- name: wait_lock
 -- Wait in the server's lock queue (first come, first served) for the advisory lock, at
