@@ -1,9 +1,9 @@
-"""Ledger retention: delete old runs, skips and beat send claims, in small batches.
+"""Ledger retention: delete old runs, skips, beat send claims and holder rows, in batches.
 
 The ledger is what makes a late duplicate a skip ("this slot already succeeded"), so a
 deleted row is a slot that could run again. Retention is therefore a promise about how
 late duplicates may arrive: rows are deleted only when untouched for longer than it,
-never a ``running`` row whose holder still holds the lock, and never faster than
+never a ``running`` row (or holder row) whose holder still holds the lock, and never faster than
 ``MIN_RETENTION`` (brokers redeliver within their visibility timeout, one hour by default
 on Redis; beat only ever claims slots younger than its grace period, seconds).
 
@@ -42,7 +42,7 @@ AUTO_PRUNE_RETRY = 300.0  # seconds before retrying a pass that failed
 AUTO_PRUNE_BATCHES = 20  # batches per table per tick: bounds the time taken from beat
 
 #: What prune deletes from, in order (the skip log first: it only feeds counts).
-PRUNED_TABLES = ("skips", "runs", "beat_sends")
+PRUNED_TABLES = ("skips", "runs", "beat_sends", "holders")
 
 _LIKE_SPECIAL = re.compile(r"([\\%_])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

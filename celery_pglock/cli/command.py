@@ -281,7 +281,7 @@ def migrate(ctx: click.Context, print_sql: bool, as_json: bool) -> None:
 def prune(
     ctx: click.Context, older_than: str | None, batch: int, any_namespace: bool, as_json: bool
 ) -> None:
-    """Delete this app's old finished runs, skips and beat send claims, in small batches."""
+    """Delete this app's old runs, skips, beat send claims and holder rows, in batches."""
     app = current_app(ctx)
     scope = None if any_namespace else namespace(app)
     with reported_errors():

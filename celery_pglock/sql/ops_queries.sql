@@ -155,3 +155,21 @@ DELETE FROM {beat_sends} AS b
          LIMIT %(batch)s
            FOR UPDATE SKIP LOCKED) AS old
  WHERE b.namespace = old.namespace AND b.entry = old.entry AND b.slot = old.slot;
+
+-- name: prune_holders
+-- One batch of holder rows older than the cutoff whose session no longer holds the lock.
+-- There is one row per lock key ever held, so per-argument keys would pile them up; a
+-- live holder's row is kept however old.
+DELETE FROM {holders} AS h
+ USING (SELECT o.lock_key FROM {holders} o
+         WHERE o.since < now() - make_interval(secs => %(seconds)s)
+           AND (%(prefix)s::text IS NULL OR o.lock_name LIKE %(prefix)s::text)
+           AND NOT EXISTS (
+                 SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                    AND l.pid = o.backend_pid
+                    AND l.classid = ((o.lock_key >> 32) & 4294967295)::oid
+                    AND l.objid = (o.lock_key & 4294967295)::oid)
+         LIMIT %(batch)s
+           FOR UPDATE OF o SKIP LOCKED) AS old
+ WHERE h.lock_key = old.lock_key;

@@ -344,6 +344,10 @@ INSERT_SKIP = (
     "INSERT INTO {skips} (lock_name, slot, reason, at) "
     "VALUES (%(n)s, %(s)s, 'locked', now() - make_interval(days => %(age)s))"
 )
+INSERT_HOLDER = (
+    "INSERT INTO {holders} (lock_key, lock_name, backend_pid, since) "
+    "VALUES (%(k)s, %(n)s, %(backend)s, now() - make_interval(days => %(age)s))"
+)
 INSERT_SEND = (
     "INSERT INTO {beat_sends} (namespace, entry, slot, sent_by, claimed_at) "
     "VALUES ('ns', %(n)s, %(s)s, 'test', now() - make_interval(days => %(age)s))"
@@ -365,10 +369,12 @@ def remaining(conn: Conn, db: Database, table: str, column: str) -> list[str]:
 def test_prune_deletes_only_what_retention_allows(
     db: Database, conn: Conn, procs: Procs, pg_dsn: str, pglock_schema: str
 ) -> None:
-    """Old finished/orphaned rows, skips and sends go; young rows and live holders stay."""
+    """Old finished/orphaned rows, skips, sends and holder rows go; young rows and live
+    holders stay."""
     live = f"{pglock_schema}:live"
     holder = start_holder(procs, pg_dsn, pglock_schema, live, slot=SLOT)
     execute(conn, db, "UPDATE {runs} SET updated_at = now() - interval '30 days'")
+    execute(conn, db, "UPDATE {holders} SET since = now() - interval '30 days'")
     for name, state, age in [
         ("old-ok", "succeeded", 8),
         ("old-failed", "failed", 8),
@@ -381,14 +387,17 @@ def test_prune_deletes_only_what_retention_allows(
     for name, age in [("old", 8), ("young", 6)]:
         execute(conn, db, INSERT_SKIP, {"n": name, "s": SLOT, "age": age})
         execute(conn, db, INSERT_SEND, {"n": name, "s": SLOT, "age": age})
+        holder_row = {"n": f"{name}-holder", "k": lock_key(f"{name}-holder"), "age": age}
+        execute(conn, db, INSERT_HOLDER, {**holder_row, "backend": holder.backend_pid})
 
     done = retention.prune(conn, db.tables, timedelta(days=7))
 
-    assert {"runs": 4, "skips": 1, "beat_sends": 1} == done.deleted
+    assert {"runs": 4, "skips": 1, "beat_sends": 1, "holders": 1} == done.deleted
     assert done.complete
     assert [live, "young-ok", "young-running"] == remaining(conn, db, "runs", "lock_name")
     assert ["young"] == remaining(conn, db, "skips", "lock_name")
     assert ["young"] == remaining(conn, db, "beat_sends", "entry")
+    assert [live, "young-holder"] == remaining(conn, db, "holders", "lock_name")
 
 
 def test_prune_goes_in_batches_and_never_waits_for_a_locked_row(
