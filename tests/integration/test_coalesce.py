@@ -43,12 +43,6 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    """A lock name of this test only: advisory locks are server-wide, schemas are not."""
-    return f"{pglock_schema}:job"
-
-
 def beat_claim(name: str, slot: str, task_id: str, *, entry: str = ENTRY) -> Claim:
     """A claim as the worker makes it for a message beat sent: coalescing on."""
     return replace(claim(name, slot, task_id), entry=entry, coalesce=True)

@@ -26,12 +26,6 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    """A lock name of this test only: advisory locks are server-wide, schemas are not."""
-    return f"{pglock_schema}:job"
-
-
 def fenced(conn: Conn, db: Database, resource: str) -> int | None:
     """The largest token accepted for ``resource`` (None: never written)."""
     query = db.tables.render("SELECT token FROM {fences} WHERE resource = %(r)s")

@@ -75,12 +75,6 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    """A lock name of this test only: advisory locks are server-wide, schemas are not."""
-    return f"{pglock_schema}:job"
-
-
 def test_frozen_holder_loses_lock_within_lease_and_learns_it(
     procs: Procs, db: Database, pg_conn: Conn, job: str
 ) -> None:

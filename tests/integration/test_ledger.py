@@ -38,12 +38,6 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    """A lock name of this test only: advisory locks are server-wide, schemas are not."""
-    return f"{pglock_schema}:job"
-
-
 def test_claim_of_new_slot_is_first_attempt(db: Database, pg_conn: Conn, job: str) -> None:
     """Claiming a new slot grants the lock and commits a running row: attempt 1, its token."""
     lease = granted(acquire(db, claim(job, SLOT, "t-1"), "session", None))

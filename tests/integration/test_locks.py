@@ -49,12 +49,6 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    """A lock name of this test only: advisory locks are server-wide, schemas are not."""
-    return f"{pglock_schema}:job"
-
-
 def documented_key_sql() -> str:
     """The SQL formula from the ``celery_pglock.keys`` docstring, as a bound query."""
     doc = keys.__doc__ or ""

@@ -36,12 +36,6 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    """A lock name of this test only: advisory locks are server-wide, schemas are not."""
-    return f"{pglock_schema}:job"
-
-
 def test_reset_frees_every_lock_of_a_returned_connection(
     db: Database, pg_conn: Conn, job: str
 ) -> None:

@@ -49,11 +49,6 @@ def other(db: Database) -> Iterator[Database]:
         yield database
 
 
-@pytest.fixture
-def job(pglock_schema: str) -> str:
-    return f"{pglock_schema}:job"
-
-
 def test_release_without_slot_returns_before_its_reply(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
