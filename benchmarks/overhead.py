@@ -52,7 +52,7 @@ FLOOR_OF = {
 PLAIN_PUBLISH = tuple(name for name in TIMED if name not in ("once", "singleton"))
 CPU_PARTS = ("worker", "postgres", "redis", "publish")
 # Waited round trips: a mutex-only run waits for its acquire only.
-MINIMUM_TRIPS = {"session_mutex": 1, "session_slot": 2, "transaction_slot": 2}
+MINIMUM_TRIPS = {"session_mutex": 1, "floor_mutex": 1, "session_slot": 2, "transaction_slot": 2}
 UNWAITED_LABEL = "SELECT pg_advisory_unlock_all(), set_config("  # the release sent unwaited
 
 
