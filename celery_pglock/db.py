@@ -136,11 +136,20 @@ class Database:
         try:
             return self.pool.getconn()
         except PoolTimeout:
-            raise DatabaseUnavailable(
-                f"no PostgreSQL connection within {self.settings.connect_timeout:.1f} s "
-                f"(server {redact(self.settings.dsn)!r} down, or more concurrent locked "
-                "tasks than pglock_pool_size)"
-            ) from None
+            raise self._no_connection() from None
+
+    def _no_connection(self) -> DatabaseUnavailable:
+        """Why the pool gave no connection in time: the server's refusal (down, "too many
+        connections for role"), which one more attempt shows, or else the pool's size."""
+        try:
+            connect(self.settings).close()
+        except DatabaseUnavailable as refused:
+            return refused
+        return DatabaseUnavailable(
+            f"no PostgreSQL connection within {self.settings.connect_timeout:.1f} s: all "
+            f"{self.pool.max_size} connections of this process are in use by locked tasks "
+            "(pglock_pool_size); raise pglock_pool_size to run more of them at once"
+        )
 
     def putconn(self, conn: Connection, *, clean: bool) -> None:
         """Return ``conn``; ``clean`` says our release statement already freed its locks."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
@@ -87,6 +89,27 @@ def test_busy_pool_refuses_rather_than_shares(db: Database, pg_conn: Conn, job: 
 
     assert [] == lock_holders(pg_conn, f"{job}-b")
     release(db, holder, SUCCEEDED)
+
+
+def test_refused_connection_is_named_rather_than_blamed_on_the_pool_size(
+    plain_role: str, pg_conn: Conn, pglock_schema: str, job: str
+) -> None:
+    """The server refuses the pool a connection: the error gives the server's reason."""
+    role = sql.Identifier(str(psycopg.conninfo.conninfo_to_dict(plain_role)["user"]))
+    grant = sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}")
+    pg_conn.execute(grant.format(sql.Identifier(pglock_schema), role))
+    settings = Settings(dsn=plain_role, schema=pglock_schema, pool_size=2, connect_timeout=0.5)
+    with open_database(settings) as db:
+        db.pool.wait()  # its one connection open: the next one is asked for below
+        holder = granted(acquire(db, claim(job), "session", None))
+        pg_conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT 1").format(role))
+
+        with pytest.raises(DatabaseUnavailable, match="too many connections for role") as err:
+            acquire(db, claim(f"{job}-b"), "session", None)
+
+        release(db, holder, SUCCEEDED)
+    assert "pglock_pool_size" not in str(err.value)
+    assert "password=pw" not in str(err.value)
 
 
 def test_dead_pooled_connection_is_replaced_on_acquire(

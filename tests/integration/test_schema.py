@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -136,22 +135,6 @@ def test_sql_for_a_dba_satisfies_auto_migrate_off(
 
     assert [latest_version()] == versions(pg_conn, pglock_schema)
     assert our_tables() == tables_in(pg_conn, pglock_schema)
-
-
-@pytest.fixture
-def plain_role(pg_dsn: str, pg_conn: Conn) -> Iterator[str]:
-    """DSN of a fresh role: LOGIN, no superuser, no CREATEDB, no CREATEROLE."""
-    role = f"r_{uuid.uuid4().hex[:12]}"
-    pg_conn.execute(
-        sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'pw' NOSUPERUSER NOCREATEDB NOCREATEROLE").format(
-            sql.Identifier(role)
-        )
-    )
-    try:
-        yield psycopg.conninfo.make_conninfo(pg_dsn, user=role, password="pw")  # noqa: S106
-    finally:
-        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 @pytest.mark.parametrize("suffix", ["", "_Mixed Case"], ids=["plain", "mixed-case"])
