@@ -11,7 +11,8 @@ Metrics (in the default registry unless ``install`` gets another):
 - ``pglock_lock_acquisitions_total{task}``: locks granted to a task run;
 - ``pglock_task_skips_total{task,reason}``: messages skipped (``locked``, ``done``, …);
 - ``pglock_lock_wait_seconds{task}``: from the task starting to the lock being granted
-  (pool checkout plus the acquire round trip; a try-lock never queues);
+  (pool checkout plus the acquire round trip, two when the first try found the lock
+  held; a try-lock never queues);
 - ``pglock_lock_hold_seconds{task}``: from the grant to the end of the task;
 - ``pglock_lock_losses_total``: locks taken away (lease expired, session terminated);
 - ``pglock_beat_leader``: 1 while this beat replica leads, else 0;
