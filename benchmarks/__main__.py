@@ -14,7 +14,7 @@ import contextlib
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
@@ -90,19 +90,6 @@ PARAMS: dict[bool, dict[str, Any]] = {
         "tasks": 2000,
     },
 }
-
-
-@contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    dsn = os.environ.get("PGLOCK_DSN", "").strip()
-    if dsn:
-        yield dsn
-        return
-    from celery_pglock.embedded import EmbeddedPostgres  # noqa: PLC0415
-
-    with EmbeddedPostgres() as server:
-        server.start()
-        yield server.dsn
 
 
 def versions(dsn: str, broker: str) -> str:
@@ -304,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     database = common.pick_redis_db(base)
     broker = f"{base}/{database}"
     env = {"BENCH_BROKER_URL": broker, "BENCH_PREFIX": common.KEY_PREFIX}
-    with postgres() as dsn:
+    with common.postgres() as dsn:
         env["PGLOCK_DSN"] = dsn
         os.environ.update(env)  # benchmarks.worker_app reads it when imported
         header = versions(dsn, broker)

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -48,11 +48,10 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule
 from psycopg import sql
 
+from benchmarks import common
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.db import close_all, ensure_schema
-from celery_pglock.embedded import EmbeddedPostgres
+from celery_pglock.db import close_all
 from celery_pglock.keys import lock_key
-from celery_pglock.schema import Tables
 
 T = TypeVar("T")
 
@@ -65,44 +64,6 @@ TICK_EVERY = 10.0  # seconds: every entry of the tick benchmark falls due togeth
 
 
 # -- infrastructure ----------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``predicate`` every 10 ms until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    """``PGLOCK_DSN``, or a private embedded server for the run."""
-    dsn = os.environ.get("PGLOCK_DSN", "").strip()
-    if dsn:
-        yield dsn
-        return
-    with EmbeddedPostgres() as server:
-        server.start()
-        yield server.dsn
-
-
-@contextlib.contextmanager
-def fresh_schema(dsn: str) -> Iterator[str]:
-    """A new schema holding our tables, dropped afterwards."""
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-        ensure_schema(conn, Tables(name), auto_migrate=True)
-    try:
-        yield name
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
 
 
 @dataclass(frozen=True)
@@ -185,8 +146,8 @@ class Cluster:
     def ready(self) -> None:
         """Wait for one leader sending and every other live replica standing by."""
         alive = sum(1 for proc in self.replicas.values() if proc.poll() is None)
-        wait_for(lambda: self.waiting() >= alive - 1, 30, f"{alive - 1} standbys")
-        wait_for(self.recent_claim, 30, "a leader sending")
+        common.wait_for(lambda: self.waiting() >= alive - 1, 30, f"{alive - 1} standbys")
+        common.wait_for(self.recent_claim, 30, "a leader sending")
 
     def recent_claim(self) -> Claim | None:
         claims = self.claims()
@@ -230,9 +191,11 @@ def fault_trial(cluster: Cluster, fault: str, phase: float) -> Trial:
     proc = cluster.replicas[old]
     proc.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     if fault == "freeze":
-        wait_for(lambda: stopped(old), 5, "the leader to stop")
+        common.wait_for(lambda: stopped(old), 5, "the leader to stop")
     frozen_at = time.time()  # a claim made between `at` and here predates the freeze
-    found = wait_for(lambda: cluster.first_claim_by_other(old, at), 30, "a new leader's claim")
+    found = common.wait_for(
+        lambda: cluster.first_claim_by_other(old, at), 30, "a new leader's claim"
+    )
     assert found is not None
     first = found
     woken = 0
@@ -260,7 +223,7 @@ def run_failover(
     rng = random.Random(seed)
     phases = [(i + rng.random()) / trials for i in range(trials)]
     rng.shuffle(phases)
-    with fresh_schema(dsn) as schema, tempfile.TemporaryDirectory() as logs:
+    with common.private_schema(dsn, "beat") as schema, tempfile.TemporaryDirectory() as logs:
         cluster = Cluster(dsn, broker, schema, lease, Path(logs))
         try:
             for _ in range(REPLICAS):
@@ -378,7 +341,7 @@ def run_tick_cost(dsn: str, broker: str, rounds: int) -> dict[str, list[dict[str
     """``rounds`` PgLockScheduler ticks, then stock beat once (it takes minutes)."""
     results: dict[str, list[dict[str, float]]] = {"pglock": [], "stock": []}
     client = redis.Redis.from_url(broker)
-    with fresh_schema(dsn) as schema:
+    with common.private_schema(dsn, "beat") as schema:
         for n in range(rounds + 1):
             queue = f"bench-tick-{uuid.uuid4().hex[:8]}"
             app = tick_app(dsn, broker, schema, queue)
@@ -508,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     broker = os.environ.get("PGLOCK_TEST_REDIS_URL", "").strip() or "redis://127.0.0.1:6379/0"
-    with postgres() as dsn:
+    with common.postgres() as dsn:
         print("failover after SIGKILL", flush=True)
         options = {"trials": args.trials, "lease": args.lease, "seed": args.seed}
         kill = run_failover(dsn, broker, "kill", **options)

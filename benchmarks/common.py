@@ -147,6 +147,20 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, poll:
 
 
 @contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """``PGLOCK_DSN``, or a private embedded server for the run."""
+    dsn = os.environ.get("PGLOCK_DSN", "").strip()
+    if dsn:
+        yield dsn
+        return
+    from celery_pglock.embedded import EmbeddedPostgres  # noqa: PLC0415
+
+    with EmbeddedPostgres() as server:
+        server.start()
+        yield server.dsn
+
+
+@contextlib.contextmanager
 def private_schema(dsn: str, tag: str = "bench") -> Iterator[str]:
     """A new schema holding our tables, dropped afterwards."""
     name = f"{tag}_{RUN_ID}_{uuid.uuid4().hex[:6]}"

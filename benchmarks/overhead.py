@@ -27,21 +27,11 @@ from dataclasses import dataclass, field
 
 from benchmarks import common
 from benchmarks.roundtrips import CountingProxy
-from benchmarks.worker_app import Floor
+from benchmarks.worker_app import CONTENDERS, Floor
 from benchmarks.workers import Batch, BenchWorker, bench_worker
 
-TIMED = (
-    "plain",
-    "session_mutex",
-    "session_slot",
-    "transaction_slot",
-    "once",
-    "singleton",
-    "floor_mutex",
-    "floor_slot",
-    "floor_transaction",
-    "floor_minimal",
-)
+# Every contender of the worker app but the contention task, which sleeps.
+TIMED = tuple(name for name in CONTENDERS if name != "contended")
 LOCKED = ("session_mutex", "session_slot", "transaction_slot")
 FLOOR_OF = {
     "session_mutex": "floor_mutex",
