@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from celery_pglock.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from celery_pglock.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS
+from tests.fixtures.pg import started_embedded
 from tests.fixtures.procs import Procs
-from tests.fixtures.services import unavailable
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +39,8 @@ def run_procs(
 @pytest.fixture(scope="module")
 def run_pg() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL server of this module's own, for runs that stop or reconfigure it."""
-    try:
-        server = EmbeddedPostgres()
-    except EmbeddedPostgresError as exc:
-        unavailable("postgres", f"embedded server unavailable: {exc}")
-    try:
-        server.start()
+    with started_embedded() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.hookimpl(wrapper=True)
