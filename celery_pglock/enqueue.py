@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from celery.backends.base import DisabledBackend
@@ -30,7 +30,13 @@ from celery_pglock.states import SKIPPED
 logger = logging.getLogger("celery_pglock")
 
 
-class SkippedResult(EagerResult[Any]):
+if TYPE_CHECKING:
+    _Eager = EagerResult[Any]
+else:  # EagerResult is subscriptable only from Celery 5.7 on
+    _Eager = EagerResult
+
+
+class SkippedResult(_Eager):
     """The result of a message not published, when no result backend can hold it."""
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
