@@ -7,6 +7,7 @@ per-slot run ledger, a server-enforced lease for frozen holders, and fencing tok
 from __future__ import annotations
 
 from celery_pglock import metrics as _metrics  # noqa: F401 - hooks for pglock_metrics
+from celery_pglock import retrofit as _retrofit  # noqa: F401 - applies pglock_all_tasks
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,

@@ -32,6 +32,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_auto_migrate": True,
     "pglock_pool_size": 4,
     "pglock_connect_timeout": 5.0,
+    "pglock_all_tasks": False,  # lock every task of the app (applied when it finalizes)
     # Task option defaults (each may also be set per task as a task attribute).
     "pglock_key": None,
     "pglock_namespace": None,
@@ -291,4 +292,14 @@ def _positive(value: Any, name: str, kind: type = float) -> Any:
 def _text(value: Any, name: str, *, empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not empty) or "\x00" in value:
         raise ConfigurationError(f"{name} must be a non-empty str without NUL, got {value!r}")
+    return value
+
+
+def enabled_setting(conf: Mapping[str, Any], name: str) -> bool:
+    """A boolean app setting; anything but a bool (or None: the default) is refused."""
+    value = conf.get(name)
+    if value is None:
+        return bool(APP_DEFAULTS[name])
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
     return value

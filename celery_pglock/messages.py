@@ -6,7 +6,7 @@ same slot from the same message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_pglock.config import TaskOptions
@@ -16,6 +16,17 @@ from celery_pglock.keys import check_slot
 SLOT_HEADER = "pglock_slot"
 ENTRY_HEADER = "pglock_entry"
 BUILTIN_PREFIX = "celery."  # Celery's own tasks (chord_unlock, backend_cleanup): never locked
+
+
+def as_headers(value: Any) -> Mapping[str, Any]:
+    """Message headers as a mapping: anything else (``apply(headers=...)`` takes whatever
+    it is given) counts as no headers."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def headers_of(request: Any) -> Mapping[str, Any]:
+    """A request's message headers (see ``as_headers``)."""
+    return as_headers(getattr(request, "headers", None))
 
 
 def coalesces(options: TaskOptions, entry: str | None) -> bool:
@@ -37,6 +48,11 @@ def message_slot(
         slot = call_option(task, "pglock_slot", options.slot, *call)
     if slot is None:
         return None
+    return checked_slot(task, slot)
+
+
+def checked_slot(task: str, slot: Any) -> str:
+    """``slot`` if it is a valid slot, else a ``ConfigurationError`` naming ``task``."""
     try:
         return check_slot(slot)
     except (TypeError, ValueError) as exc:
@@ -60,7 +76,10 @@ __all__ = [
     "BUILTIN_PREFIX",
     "ENTRY_HEADER",
     "SLOT_HEADER",
+    "as_headers",
     "call_option",
+    "checked_slot",
     "coalesces",
+    "headers_of",
     "message_slot",
 ]

@@ -1,0 +1,132 @@
+"""``pglock_all_tasks = True``: lock every task of an app from configuration alone.
+
+Celery reads ``task_cls`` only from the ``Celery(...)`` constructor: set in ``app.conf``,
+``config_from_object`` or Django's ``CELERY_TASK_CLS`` it is silently ignored. So the
+setting acts itself, when the app finalizes: every registered task's class gets
+``PgLockMixin`` in front of the class it already has (``DjangoTask``, a project's own base
+class, whatever a framework installed), and so does every task registered afterwards
+(Django's autodiscovery imports task modules after the worker finalized the app).
+
+This module is imported with the package, which the ``celery`` command imports through
+our ``celery.commands`` entry point before it loads ``-A proj``: workers, beat and the
+``pglock`` commands started by ``celery`` need no import in the project's code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+from celery import _state as celery_state
+from celery import signals as celery_signals
+from celery.app.registry import TaskRegistry
+
+from celery_pglock.config import enabled_setting
+from celery_pglock.messages import BUILTIN_PREFIX, SLOT_HEADER, checked_slot, headers_of
+from celery_pglock.task import PgLockMixin, StartupCheck
+
+logger = logging.getLogger("celery_pglock")
+
+SETTING = "pglock_all_tasks"
+
+_locked_classes: dict[type, type] = {}
+_classes_lock = threading.Lock()
+_warned: set[str] = set()  # task names already warned about, in this process
+
+
+def locked_class(cls: type) -> type:
+    """``cls`` with ``PgLockMixin`` in front; one class per original, so tasks of one
+    class stay of one class."""
+    with _classes_lock:
+        found = _locked_classes.get(cls)
+        if found is None:
+            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            found = _locked_classes[cls] = type(cls.__name__, (PgLockMixin, cls), namespace)
+        return found
+
+
+def lock_task(task: Any) -> None:
+    """Make ``task`` a locked task in place (Celery's own ``celery.*`` tasks stay as they
+    are: locking ``chord_unlock`` would stall chords)."""
+    if isinstance(task, PgLockMixin) or str(task.name).startswith(BUILTIN_PREFIX):
+        return
+    task.__class__ = locked_class(type(task))
+
+
+class LockingRegistry(TaskRegistry):
+    """A task registry that makes every task it is given a locked task."""
+
+    def __setitem__(self, name: str, task: Any) -> None:
+        lock_task(task)
+        super().__setitem__(name, task)
+
+
+def retrofit(app: Celery) -> bool:
+    """Apply ``pglock_all_tasks`` to ``app`` if it is set; True if it was."""
+    if not enabled_setting(app.conf, SETTING):
+        return False
+    registry = app.tasks  # the app is finalized (or finalizing): no side effect
+    if not isinstance(registry, LockingRegistry):
+        for task in list(registry.values()):
+            lock_task(task)
+        registry.__class__ = LockingRegistry
+    # What PgLockMixin.on_bound does, for tasks that were bound before (a set: idempotent).
+    app.steps["worker"].add(StartupCheck)
+    return True
+
+
+@celery_state.connect_on_app_finalize
+def _retrofit_on_finalize(app: Celery) -> None:
+    # Runs before the app evaluates its pending @app.task decorators and binds its tasks,
+    # so each task is bound (PgLockMixin.on_bound adds the worker's start-up check) as a
+    # locked task.
+    retrofit(app)
+
+
+def _retrofit_finalized_apps() -> None:
+    # Imported after an app finalized (an in-process test worker, a script): apply now.
+    for app in list(celery_state._get_active_apps()):  # type: ignore[attr-defined]
+        if app.finalized:
+            retrofit(app)
+
+
+@celery_signals.before_task_publish.connect
+def _slot_option_to_header(
+    headers: Any = None, properties: Any = None, sender: Any = None, **_: Any
+) -> None:
+    # `apply_async(pglock_slot=...)`, `send_task(..., pglock_slot=...)` and
+    # `.set(pglock_slot=...)`: Celery puts options it does not know into the message's
+    # properties, which RabbitMQ drops; the worker reads the slot from the headers.
+    if not isinstance(properties, dict) or SLOT_HEADER not in properties:
+        return
+    slot = properties.pop(SLOT_HEADER)
+    if slot is not None and isinstance(headers, dict):
+        headers[SLOT_HEADER] = checked_slot(str(sender), slot)
+
+
+@celery_signals.task_prerun.connect
+def _warn_unlocked(task: Any = None, **_: Any) -> None:
+    # A slot header on a task that is not locked means the retrofit did not take: the
+    # task runs, unlocked, and would run twice. Say so once per task and process.
+    if task is None or isinstance(task, PgLockMixin) or task.name in _warned:
+        return
+    request = task.request
+    if headers_of(request).get(SLOT_HEADER) is None and not getattr(request, SLOT_HEADER, None):
+        return
+    _warned.add(task.name)
+    logger.warning(
+        "%s received a message with a %s header but is not a locked task: it runs "
+        "UNLOCKED, and duplicates of its slots run again. To lock it: set "
+        "app.conf.pglock_all_tasks = True (Django: CELERY_PGLOCK_ALL_TASKS = True), or "
+        "@app.task(base=PgLockTask)",
+        task.name,
+        SLOT_HEADER,
+        extra={"action": "pglock_task_not_locked", "task": task.name},
+    )
+
+
+_retrofit_finalized_apps()
+
+__all__ = ["LockingRegistry", "lock_task", "locked_class", "retrofit"]
