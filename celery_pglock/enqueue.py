@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -24,7 +25,13 @@ from celery_pglock.db import database
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import Claim, Skip, enqueued_skip
-from celery_pglock.messages import BUILTIN_PREFIX, ENTRY_HEADER, SLOT_HEADER, message_slot
+from celery_pglock.messages import (
+    BUILTIN_PREFIX,
+    ENTRY_HEADER,
+    SLOT_HEADER,
+    as_headers,
+    message_slot,
+)
 from celery_pglock.states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")
@@ -45,7 +52,7 @@ class SkippedResult(_Eager):
 
 def checks_enqueue(task: Any, options: dict[str, Any]) -> bool:
     """Whether ``task.apply_async(**options)`` looks its slot up before publishing."""
-    headers = options.get("headers") or {}
+    headers = as_headers(options.get("headers"))
     if (
         task.name.startswith(BUILTIN_PREFIX)
         or options.get("retries")  # self.retry(): the slot is the one running
@@ -65,7 +72,7 @@ def skipped_before_publish(
     """A ``SKIPPED`` result if the message's slot succeeded or is running, else None
     (publish). ``call`` is (args, kwargs); ``options`` those of ``apply_async``."""
     try:
-        claim = _claim(task, call, task_id, options.get("headers") or {})
+        claim = _claim(task, call, task_id, as_headers(options.get("headers")))
     except ConfigurationError:
         return None  # published: the worker fails it loudly, as without the check
     if claim is None:
@@ -87,7 +94,7 @@ def skipped_before_publish(
 
 
 def _claim(
-    task: Any, call: tuple[Any, Any], task_id: str | None, headers: dict[str, Any]
+    task: Any, call: tuple[Any, Any], task_id: str | None, headers: Mapping[str, Any]
 ) -> Claim | None:
     options = task.pglock_options()
     slot = message_slot(task.name, options, headers.get(SLOT_HEADER), task_id, call)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
@@ -31,7 +32,7 @@ from celery_pglock.db import (
     pooler_message,
     transaction_pooled,
 )
-from celery_pglock.enqueue import checks_enqueue, skipped_before_publish
+from celery_pglock.enqueue import SkippedResult, checks_enqueue, skipped_before_publish
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -53,8 +54,11 @@ from celery_pglock.messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
     SLOT_HEADER,
+    as_headers,
     call_option,
+    checked_slot,
     coalesces,
+    headers_of,
     message_slot,
 )
 from celery_pglock.outage import OutageLog
@@ -67,6 +71,24 @@ MAX_DB_RETRY_COUNTDOWN = 60.0
 
 _settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
 _outage = OutageLog(logger, "pglock_db_back")  # per process: one ERROR line per outage
+
+
+class _Running(threading.local):
+    """The leases of the executions running in this thread (greenlet), by task name.
+
+    Not an attribute of the request: ``Task.__call__`` copies the request's attributes into
+    the body's request, and Celery copies those into the message of a ``retry()``, where a
+    lease is not serializable (the retry would be lost).
+    """
+
+    def __init__(self) -> None:
+        self.leases: dict[str, list[Lease]] = {}
+
+
+_running = _Running()
+# Eager calls (``apply``): the meta of a skip, by task id, until ``apply`` returns it.
+_eager_skips: dict[str, dict[str, Any]] = {}
+_warned_property_slot: set[str] = set()  # task names, once per process
 
 
 def app_settings(app: Celery) -> Settings:
@@ -117,7 +139,8 @@ class PgLockMixin:
     @property
     def pglock(self) -> Lease | None:
         """The lock of the execution running in this thread (None when unlocked)."""
-        return getattr(self.request, "pglock", None)
+        stack = _running.leases.get(self.name)
+        return stack[-1] if stack else None
 
     def pglock_options(self) -> TaskOptions:
         if self._pglock_options is None:
@@ -158,7 +181,8 @@ class PgLockMixin:
 
     def _pglock_run(self, db: Database, lease: Lease, args: Any, kwargs: Any) -> Any:
         signals.lock_acquired.send(sender=self, lock=lease.lock, slot=lease.slot, token=lease.token)
-        self.request.pglock = lease
+        stack = _running.leases.setdefault(self.name, [])
+        stack.append(lease)
         try:
             result = super().__call__(*args, **kwargs)  # type: ignore[misc]
         except TaskSkipped as skipped:
@@ -170,7 +194,7 @@ class PgLockMixin:
             self._pglock_fail(db, lease, exc)
             raise
         finally:
-            self.request.pglock = None
+            stack.pop()
         self._pglock_finish(db, lease, SUCCEEDED, None)
         return result
 
@@ -214,12 +238,30 @@ class PgLockMixin:
         return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
 
     def _pglock_header(self, name: str) -> Any:
-        headers = getattr(self.request, "headers", None) or {}
-        return headers.get(name) or getattr(self.request, name, None)
+        return headers_of(self.request).get(name) or getattr(self.request, name, None)
 
     def _pglock_slot(self, options: TaskOptions, args: Any, kwargs: Any) -> str | None:
         slot = self._pglock_header(SLOT_HEADER)
+        if slot is None:
+            slot = self._pglock_slot_property()
         return message_slot(self.name, options, slot, self.request.id, (args, kwargs))
+
+    def _pglock_slot_property(self) -> Any:
+        # `apply_async(pglock_slot=...)` from a process that never imported celery_pglock
+        # (which moves it into the headers): Celery sent it as a message property, which
+        # Redis keeps and RabbitMQ drops. Use it, and say how to make it reliable.
+        slot = as_headers(getattr(self.request, "properties", None)).get(SLOT_HEADER)
+        if slot is not None and self.name not in _warned_property_slot:
+            _warned_property_slot.add(self.name)
+            logger.warning(
+                "%s: its pglock_slot came as a message property, not a header: the sender "
+                "did not import celery_pglock, and a broker that drops unknown properties "
+                "(RabbitMQ) loses the slot. Import celery_pglock in the sending process, "
+                "or send headers={'pglock_slot': ...}",
+                self.name,
+                extra={"action": "pglock_slot_as_property", "task": self.name},
+            )
+        return slot
 
     def apply_async(
         self,
@@ -229,14 +271,30 @@ class PgLockMixin:
         *rest: Any,
         **options: Any,
     ) -> Any:
-        """Celery's ``apply_async``; with ``pglock_check_on_enqueue``, a slotted message
-        whose slot already succeeded or is running is not published (state ``SKIPPED``)."""
+        """Celery's ``apply_async``, plus ``pglock_slot=``: the message's slot (sent as the
+        ``pglock_slot`` header). With ``pglock_check_on_enqueue``, a slotted message whose
+        slot already succeeded or is running is not published (state ``SKIPPED``)."""
+        if "pglock_slot" in options:
+            options["headers"] = self._pglock_slot_header(options.pop("pglock_slot"), options)
         if checks_enqueue(self, options):
             call = (args or (), kwargs or {})
             skipped = skipped_before_publish(self, app_settings(self.app), call, task_id, options)
             if skipped is not None:
                 return skipped
         return super().apply_async(args, kwargs, task_id, *rest, **options)  # type: ignore[misc]
+
+    def apply(self, *args: Any, **options: Any) -> Any:
+        """Celery's eager ``apply``; a skipped duplicate's result is ``SKIPPED`` with the
+        same meta as in a worker (Celery alone would report ``IGNORED`` and ``None``)."""
+        result = super().apply(*args, **options)  # type: ignore[misc]
+        meta = _eager_skips.pop(result.id, None)
+        return result if meta is None else SkippedResult(result.id, meta, SKIPPED)
+
+    def _pglock_slot_header(self, slot: Any, options: dict[str, Any]) -> dict[str, Any]:
+        headers = dict(as_headers(options.get("headers")))
+        if slot is not None:
+            headers[SLOT_HEADER] = checked_slot(self.name, slot)
+        return headers
 
     def _pglock_name(self, options: TaskOptions, args: Any, kwargs: Any) -> str:
         key = options.key
@@ -252,7 +310,9 @@ class PgLockMixin:
 
     def _pglock_report_skip(self, skip: Skip, **extra: Any) -> NoReturn:
         meta = {**skip.meta(), **extra}
-        if self.request.id and not self.request.is_eager:
+        if self.request.id and self.request.is_eager:
+            _eager_skips[self.request.id] = meta
+        elif self.request.id:
             self.update_state(state=SKIPPED, meta=meta)
             _send_event(self, meta)
         signals.task_skipped.send(sender=self, reason=skip.reason, meta=meta)

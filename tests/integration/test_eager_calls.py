@@ -1,0 +1,111 @@
+"""Eager calls and ``apply_async`` options of a locked task, on a real PostgreSQL.
+
+An in-process app (in-memory broker, eager mode where it matters): what a user's own
+code and unit tests see when they call a locked task without a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_pglock import SKIPPED, ConfigurationError, PgLockTask
+from celery_pglock.db import close_all
+
+pytestmark = pytest.mark.integration
+
+SLOT = "2026-12-01T07:00:00Z"
+
+
+@pytest.fixture
+def app(pg_dsn: str, pglock_schema: str) -> Iterator[Celery]:
+    """An app with one locked task ``eager.job`` returning its argument."""
+    app = Celery("eager", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        result_backend="cache+memory://",
+        pglock_dsn=pg_dsn,
+        pglock_schema=pglock_schema,
+        pglock_namespace=pglock_schema,
+    )
+
+    @app.task(base=PgLockTask, name="eager.job", shared=False)
+    def job(value: Any = None) -> Any:
+        return value
+
+    yield app
+    app.close()
+    close_all()
+
+
+def test_eager_reapplication_of_a_succeeded_slot_reports_skipped(app: Celery) -> None:
+    """``apply()`` of a slot that already succeeded: state SKIPPED, ``get()`` the meta."""
+    job = app.tasks["eager.job"]
+    first = job.apply(("a",), task_id="t-1", headers={"pglock_slot": SLOT})
+
+    again = job.apply(("b",), task_id="t-1", headers={"pglock_slot": SLOT})
+
+    assert ("SUCCESS", "a") == (first.state, first.get())
+    assert SKIPPED == again.state
+    meta = again.get()
+    assert ("done", SLOT, "t-1") == (meta["reason"], meta["slot"], meta["holder"]["task_id"])
+
+
+@pytest.mark.parametrize("headers", [["pglock_slot", SLOT], "pglock_slot", 42])
+def test_headers_that_are_not_a_mapping_count_as_none(app: Celery, headers: Any) -> None:
+    """``apply(headers=...)`` takes any value; one that is not a mapping is no headers."""
+    result = app.tasks["eager.job"].apply(("x",), headers=headers)
+
+    assert ("SUCCESS", "x") == (result.state, result.get())
+
+
+def test_apply_async_slot_option_is_the_message_slot(app: Celery) -> None:
+    """``apply_async(pglock_slot=...)`` dedupes like the header (eager: run, then SKIPPED)."""
+    app.conf.task_always_eager = True
+    job = app.tasks["eager.job"]
+
+    first = job.apply_async(("a",), pglock_slot=SLOT)
+    second = job.apply_async(("b",), pglock_slot=SLOT)
+
+    assert ("SUCCESS", "a") == (first.state, first.get())
+    assert (SKIPPED, "done") == (second.state, second.get()["reason"])
+
+
+def test_apply_async_slot_option_keeps_the_callers_headers(app: Celery) -> None:
+    """``pglock_slot=`` is added to the headers given, it does not replace them."""
+    app.conf.task_always_eager = True
+    seen: dict[str, Any] = {}
+
+    @app.task(bind=True, base=PgLockTask, name="eager.headers", shared=False)
+    def headers(self: Any) -> None:
+        seen.update(self.request.headers or {})
+
+    headers.apply_async(headers={"tenant": "t1"}, pglock_slot=SLOT)
+
+    assert {"tenant": "t1", "pglock_slot": SLOT} == {key: seen.get(key) for key in seen}
+
+
+@pytest.mark.parametrize("slot", [42, "", "x\x00y"])
+def test_invalid_slot_option_fails_when_sent(app: Celery, slot: Any) -> None:
+    """A ``pglock_slot=`` that is not a valid slot fails at ``apply_async``, naming it."""
+    with pytest.raises(ConfigurationError, match=r"eager\.job: invalid slot"):
+        app.tasks["eager.job"].apply_async(pglock_slot=slot)
+
+
+def test_the_lease_is_not_a_request_attribute(app: Celery) -> None:
+    """``self.pglock`` is the lease, but the request carries no ``pglock`` attribute:
+    Celery copies request attributes into a retry's message, and a lease is not JSON."""
+    seen: dict[str, Any] = {}
+
+    @app.task(bind=True, base=PgLockTask, name="eager.lease", shared=False)
+    def lease(self: Any) -> None:
+        seen["token"] = self.pglock.token
+        seen["on_request"] = "pglock" in vars(self.request)
+
+    lease.apply(headers={"pglock_slot": SLOT})
+
+    assert isinstance(seen["token"], int)
+    assert seen["on_request"] is False
