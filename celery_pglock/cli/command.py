@@ -29,6 +29,7 @@ from celery_pglock.config import APP_DEFAULTS, redact
 from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import default_lock_name, lock_key
+from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.schema import Tables
 from celery_pglock.task import PgLockMixin, app_settings
 
@@ -127,6 +128,26 @@ def task_lock_name(app: Celery, task_name: str) -> str | None:
     return default_lock_name(options.namespace, task_name) if options.key is None else None
 
 
+def registered_tasks(app: Celery) -> list[dict[str, Any]]:
+    """The app's tasks (not Celery's own): locked or not, and how, for ``status``."""
+    found = []
+    for name, task in sorted(app.tasks.items()):
+        if name.startswith(BUILTIN_PREFIX):
+            continue
+        row: dict[str, Any] = {"task": name, "locked": isinstance(task, PgLockMixin)}
+        if isinstance(task, PgLockMixin):
+            try:
+                options = task.pglock_options()
+            except ConfigurationError as exc:
+                row["error"] = str(exc)
+            else:
+                row["lock"] = task_lock_name(app, name) or "(from the arguments)"
+                row["scope"] = options.scope
+                row["scheduled_only"] = options.scheduled_only
+        found.append(row)
+    return found
+
+
 def known_lock_names(app: Celery) -> list[str]:
     """Lock names this app's tasks use, so their locks are named even before any run."""
     names = (task_lock_name(app, name) for name in list(app.tasks))
@@ -185,13 +206,15 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
         found = ops.status(
             conn, tables, namespace=namespace(app), known_names=known_lock_names(app), skips=skips
         )
+    tasks = registered_tasks(app)
     if as_json:
-        output.echo_json(found.as_json())
+        output.echo_json({**found.as_json(), "tasks": tasks})
         return
     where = tables.table("*").as_string()
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
     parts = [output.locks_text(found.locks), output.beat_text(found.beat)]
     parts += [output.running_text(found.running), output.skips_text(found.skips)]
+    parts += [output.tasks_text(tasks)]
     click.echo("\n\n".join(parts))
 
 

@@ -134,6 +134,27 @@ def running_text(running: list[Row]) -> str:
     return section(f"RUNNING ({len(rows)})", headers, rows)
 
 
+def tasks_text(tasks: list[Row]) -> str:
+    """Which registered tasks are locked: a task that is not runs every duplicate."""
+    headers = ("TASK", "LOCKED", "LOCK", "SCOPE", "SCHEDULED ONLY")
+    rows = [
+        (
+            task["task"],
+            "yes" if task["locked"] else "NO",
+            task.get("lock") or task.get("error"),
+            task.get("scope"),
+            _yes_no(task.get("scheduled_only")),
+        )
+        for task in tasks
+    ]
+    locked = sum(1 for task in tasks if task["locked"])
+    return section(f"TASKS ({locked} of {len(tasks)} locked)", headers, rows)
+
+
+def _yes_no(value: bool | None) -> str | None:
+    return None if value is None else "yes" if value else "no"
+
+
 def skips_text(skips: list[Row]) -> str:
     headers = ("AT", "LOCK", "SLOT", "REASON", "TASK ID", "HOST", "HOLDER TASK ID")
     return section(f"RECENT SKIPS ({len(skips)})", headers, [_skip_row(s) for s in skips])

@@ -38,6 +38,7 @@ UNREACHABLE_DSN = f"postgresql://app:{PASSWORD}@127.0.0.1:1/app"
 TASK = "cli.job"
 
 STATUS_KEYS = {"namespace", "schema", "table_prefix", "locks", "beat", "running", "skips"}
+STATUS_KEYS |= {"tasks"}
 LOCK_KEYS = {"lock", "key", "holder", "waiters"}
 HOLDER_KEYS = {"host", "pid", "task_id", "scope", "slot", "token", "since", "backend_pid"}
 HOLDER_KEYS |= {"application_name", "client_addr", "user"}
@@ -154,6 +155,30 @@ def test_status_table_shows_lock_host_task_and_health(
     assert {"session", HOSTNAME, "t-table", SLOT} <= set(row.split())
     assert "alive" in result.stdout
     assert "BEAT" in result.stdout
+
+
+def test_status_lists_which_registered_tasks_are_locked(app: Celery, pglock_schema: str) -> None:
+    """status names every task of the app, locked or not (Celery's own are left out)."""
+
+    @app.task(name="cli.plain", shared=False)
+    def plain() -> None:
+        """A task the retrofit missed: it runs every duplicate."""
+
+    invoke(app, "migrate")
+    result = invoke(app, "status", "--json")
+    table = invoke(app, "status")
+
+    assert 0 == result.exit_code, result.output
+    tasks = {task["task"]: task for task in json.loads(result.stdout)["tasks"]}
+    assert {TASK, "cli.plain"} <= set(tasks)
+    assert not any(name.startswith("celery.") for name in tasks)
+    assert (True, task_lock(pglock_schema), "session") == (
+        tasks[TASK]["locked"],
+        tasks[TASK]["lock"],
+        tasks[TASK]["scope"],
+    )
+    assert {"task": "cli.plain", "locked": False} == tasks["cli.plain"]
+    assert ["cli.plain", "NO"] in [line.split()[:2] for line in table.stdout.splitlines()]
 
 
 def test_status_of_one_lock_exits_1_when_free(
