@@ -11,6 +11,7 @@ its next use of the connection fails and it steps down before sending anything.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -97,9 +98,9 @@ class LeaderElection:
         _close_quietly(lease.connection)
         logger.warning(
             "beat replica %s stepped down as leader: %s",
-            HOSTNAME,
+            replica_name(),
             cause,
-            extra={"action": "pglock_beat_leader_lost"},
+            extra={"action": "pglock_beat_leader_lost", "host": HOSTNAME, "pid": os.getpid()},
         )
         self._changed(False)
         self._standby.set()
@@ -166,8 +167,8 @@ class LeaderElection:
             heartbeat().register(granted)
         logger.info(
             "beat replica %s is now the leader",
-            HOSTNAME,
-            extra={"action": "pglock_beat_leader_elected"},
+            replica_name(),
+            extra={"action": "pglock_beat_leader_elected", "host": HOSTNAME, "pid": os.getpid()},
         )
         self._changed(True)
 
@@ -200,3 +201,8 @@ def _cancel_quietly(conn: Any) -> None:
         conn.cancel_safe(timeout=1.0)
     except (psycopg.Error, OSError, AttributeError):
         logger.debug("cancelling the leadership wait failed", exc_info=True)
+
+
+def replica_name() -> str:
+    """How log lines name this beat replica: two replicas on one host differ by pid."""
+    return f"{HOSTNAME} (pid {os.getpid()})"
