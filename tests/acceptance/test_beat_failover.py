@@ -7,6 +7,7 @@ target is measured by ``benchmarks/beat_failover.py``, not asserted here.
 from __future__ import annotations
 
 import math
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,10 +145,13 @@ def test_woken_leader_sends_nothing(scenario: Scenario) -> None:
 
 @pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
 def test_woken_leader_logs_that_it_stepped_down(scenario: Scenario) -> None:
-    """The old leader learns on waking that it lost leadership, and says so."""
+    """The old leader learns on waking that it lost leadership, and says so, naming its
+    host and pid (two replicas on one host must not look alike)."""
     fault = scenario.once("freeze", lambda: freeze_leader(scenario))
 
-    assert "stepped down as leader" in fault.old.log_text()
+    replica = f"beat replica {socket.gethostname()} (pid {fault.old.pid})"
+    assert f"{replica} stepped down as leader" in fault.old.log_text()
+    assert f"{replica} is now the leader" in fault.old.log_text()
 
 
 @pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
