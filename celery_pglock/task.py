@@ -17,7 +17,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Celery, Task, bootsteps
 from celery import signals as celery_signals
-from celery.exceptions import Ignore, WorkerLostError
+from celery.exceptions import Ignore, Reject, WorkerLostError
 
 from celery_pglock import signals
 from celery_pglock.config import Settings, TaskOptions
@@ -83,6 +83,8 @@ class _Running(threading.local):
 
     def __init__(self) -> None:
         self.leases: dict[str, list[Lease]] = {}
+        # A running execution's own retry, by task id, published once its lock is freed.
+        self.retries: dict[str, Callable[[], Any]] = {}
 
 
 _running = _Running()
@@ -130,6 +132,7 @@ class PgLockMixin:
     update_state: Callable[..., None]
     send_event: Callable[..., None]
     retry: Callable[..., Any]
+    AsyncResult: Callable[..., Any]
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -192,10 +195,12 @@ class PgLockMixin:
             )
         except BaseException as exc:
             self._pglock_fail(db, lease, exc)
+            _publish_retry(lease)
             raise
         finally:
             stack.pop()
         self._pglock_finish(db, lease, SUCCEEDED, None)
+        _publish_retry(lease)
         return result
 
     def _pglock_finish(self, db: Database, lease: Lease, state: str, reason: str | None) -> None:
@@ -276,12 +281,28 @@ class PgLockMixin:
         slot already succeeded or is running is not published (state ``SKIPPED``)."""
         if "pglock_slot" in options:
             options["headers"] = self._pglock_slot_header(options.pop("pglock_slot"), options)
+        retry = bool(options.get("retries"))  # self.retry() of a running execution
+        if retry and self._pglock_defer_retry(args, kwargs, task_id, rest, options):
+            return self.AsyncResult(task_id)
         if checks_enqueue(self, options):
             call = (args or (), kwargs or {})
             skipped = skipped_before_publish(self, app_settings(self.app), call, task_id, options)
             if skipped is not None:
                 return skipped
         return super().apply_async(args, kwargs, task_id, *rest, **options)  # type: ignore[misc]
+
+    def _pglock_defer_retry(
+        self, args: Any, kwargs: Any, task_id: str | None, rest: Any, options: dict[str, Any]
+    ) -> bool:
+        """Hold back ``self.retry()``'s message until this execution freed its lock: sent
+        at once, another worker process takes it while the lock is still held and skips
+        it as ``locked``, and the retry is lost."""
+        lease = self.pglock
+        if lease is None or task_id is None or lease.claim.task_id != task_id:
+            return False
+        publish = super().apply_async  # type: ignore[misc]
+        _running.retries[task_id] = lambda: publish(args, kwargs, task_id, *rest, **options)
+        return True
 
     def apply(self, *args: Any, **options: Any) -> Any:
         """Celery's eager ``apply``; a skipped duplicate's result is ``SKIPPED`` with the
@@ -376,6 +397,18 @@ class PgLockMixin:
 
 class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
     """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
+
+
+def _publish_retry(lease: Lease) -> None:
+    """Publish the retry the execution of ``lease`` asked for, now that its lock is free."""
+    publish = _running.retries.pop(lease.claim.task_id or "", None)
+    if publish is None:
+        return
+    try:
+        publish()
+    except Exception as exc:
+        # What Task.retry does when its publish fails: the message is not requeued.
+        raise Reject(exc, requeue=False) from exc
 
 
 def _send_event(task: Any, meta: dict[str, Any]) -> None:
