@@ -192,6 +192,8 @@ class Database:
         self.server_version = conn.info.server_version
         if self.transaction_pooled:  # a statement prepared on one server connection is
             conn.prepare_threshold = None  # unknown to the next one the pooler picks
+        else:
+            watch_client(conn)
 
     def check_session_scope(self) -> None:
         """Refuse session-scope locks through a transaction pooler (they would leak)."""
@@ -232,6 +234,19 @@ RESET_SQL_PRE14 = (
     "RESET application_name"
 )
 SHOW_SETTING_SQL = "SELECT current_setting(%(name)s)"
+
+
+# A backend blocked in a lock queue (advisory_lock(wait=True), a beat standby) does not
+# notice that its client died until it is granted, and would then hold the lock for
+# nobody: PostgreSQL >= 14 looks this often (ms) while a statement runs.
+CLIENT_CHECK_MS = 1000
+WATCH_CLIENT_SQL = "SELECT set_config('client_connection_check_interval', %(ms)s, false)"
+
+
+def watch_client(conn: Connection) -> None:
+    """Make ``conn``'s statements end soon after this process dies (PostgreSQL >= 14)."""
+    if conn.info.server_version >= LEASE_MIN_SERVER_VERSION:
+        conn.execute(WATCH_CLIENT_SQL, {"ms": str(CLIENT_CHECK_MS)})
 
 
 def transaction_pooled(conn: Connection, settings: Settings) -> bool:

@@ -26,6 +26,7 @@ from celery_pglock.db import (
     Connection,
     application_name,
     connect,
+    watch_client,
 )
 from celery_pglock.errors import PgLockError
 from celery_pglock.ledger import Claim
@@ -137,6 +138,7 @@ class LeaderElection:
         )
         self._waiting = conn
         try:
+            watch_client(conn)  # a standby that dies must leave the lock queue at once
             conn.execute(WAIT_FOR_LEADERSHIP_SQL, {"key": self.claim.key})
             if self._closed.is_set():
                 _close_quietly(conn)
