@@ -30,7 +30,7 @@ from celery_pglock.db import (
 )
 from celery_pglock.errors import PgLockError
 from celery_pglock.ledger import Claim
-from celery_pglock.locks import Lease, heartbeat, ping
+from celery_pglock.locks import Lease, heartbeat
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -78,7 +78,7 @@ class LeaderElection:
         lease = self._lease
         if lease is None:
             return False
-        if lease.lost:
+        if lease.known_lost:  # verify() asks the server when a pause makes it doubtful
             self.step_down(lease.lost_cause or "lease lost")
             return False
         return True
@@ -87,7 +87,7 @@ class LeaderElection:
         """Ask the server now whether we still lead (after a pause we cannot account for)."""
         lease = self._lease
         if lease is not None:
-            ping(lease)
+            lease.ask_server()  # after any heartbeat ping in flight: busy is not "leading"
         return self.is_leader()
 
     def step_down(self, cause: str) -> None:

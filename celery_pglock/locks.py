@@ -83,6 +83,8 @@ class Lease:
     lease: float | None
     lost_cause: str | None = None
     last_ping: float = field(default_factory=time.monotonic)
+    # When the server last answered on the lock's connection (the grant, a ping, a check).
+    confirmed: float = field(default_factory=time.monotonic)
     released: bool = False  # release began: the heartbeat must not use the connection
 
     @property
@@ -94,22 +96,46 @@ class Lease:
         return self.claim.slot
 
     @property
-    def lost(self) -> bool:
-        """True once we know the server took the lock away."""
+    def known_lost(self) -> bool:
+        """True once we know the server took the lock away (no round trip)."""
         return self.lost_cause is not None
 
+    @property
+    def lost(self) -> bool:
+        """True once the server took the lock away. Asks the server first when it has not
+        answered for half the lease: after a freeze (SIGSTOP, a GC pause) the lease may
+        have run out before the heartbeat, waking at the same moment, could say so."""
+        if not self.known_lost and not self.released and self._unconfirmed():
+            self.ask_server()
+        return self.known_lost
+
     def check(self) -> None:
-        """Raise ``LockLost`` unless the lock is still held (asks the server now)."""
-        if not self.lost:
-            ping(self)
-        if self.lost:
+        """Raise ``LockLost`` unless the lock is still held. Asks the server now, after any
+        heartbeat ping in flight: a ping that is busy must not read as "held"."""
+        if not self.known_lost and not self.released:
+            self.ask_server()
+        if self.known_lost:
             raise LockLost(
                 f"lock {self.lock!r} (token {self.token}) was lost: {self.lost_cause}; "
                 "a newer holder may be running, abandon the work"
             )
 
+    def _unconfirmed(self) -> bool:
+        return self.lease is not None and time.monotonic() - self.confirmed > self.lease / 2
+
+    def ask_server(self) -> None:
+        """One round trip on the lock connection: marks the lease lost if the session ended."""
+        # The caller's thread is not using the connection (it is the body's own, or the
+        # body's thread is the caller), so waiting for its lock waits only for a ping.
+        try:
+            self.connection.execute(PING_SQL)
+        except psycopg.Error as exc:
+            judge_failure(self, exc)
+        else:
+            self.confirmed = time.monotonic()
+
     def mark_lost(self, cause: str) -> None:
-        if self.lost:
+        if self.known_lost:
             return
         self.lost_cause = cause
         logger.warning(
@@ -145,15 +171,20 @@ def ping(lease: Lease) -> None:
     conn.lock.release()
     try:
         conn.execute(PING_SQL)
-        lease.last_ping = time.monotonic()
+        lease.last_ping = lease.confirmed = time.monotonic()
     except psycopg.Error as exc:
-        if lease.released:  # released meanwhile: the connection is no longer the lease's
-            return
-        # The session is gone on an OperationalError, or when the server ended it with an
-        # error of another class (IdleInTransactionSessionTimeout is an InternalError).
-        # Otherwise (e.g. the task's transaction is aborted) the session and the lock live on.
-        if isinstance(exc, psycopg.OperationalError) or conn.closed:
-            lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+        judge_failure(lease, exc)
+
+
+def judge_failure(lease: Lease, exc: psycopg.Error) -> None:
+    """Mark ``lease`` lost if ``exc``, raised on its connection, means the session ended."""
+    if lease.released:  # released meanwhile: the connection is no longer the lease's
+        return
+    # The session is gone on an OperationalError, or when the server ended it with an
+    # error of another class (IdleInTransactionSessionTimeout is an InternalError).
+    # Otherwise (e.g. the task's transaction is aborted) the session and the lock live on.
+    if isinstance(exc, psycopg.OperationalError) or lease.connection.closed:
+        lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
 
 class Heartbeat:
@@ -191,7 +222,7 @@ class Heartbeat:
                 ping(lease)
 
     def _next_wait(self) -> float:
-        live = [lease for lease in self._leases.values() if not lease.lost]
+        live = [lease for lease in self._leases.values() if not lease.known_lost]
         if not live:  # a lost lease is never pinged again: waiting on it would spin
             return IDLE_WAKE
         now = time.monotonic()
@@ -204,7 +235,7 @@ def _interval(lease: Lease) -> float:
 
 
 def _due(lease: Lease) -> bool:
-    return not lease.lost and time.monotonic() - lease.last_ping >= _interval(lease) * 0.95
+    return not lease.known_lost and time.monotonic() - lease.last_ping >= _interval(lease) * 0.95
 
 
 _heartbeat: Heartbeat | None = None
@@ -332,7 +363,7 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     lease.released = True
     conn = lease.connection
     if _release_unwaited(db, lease):
-        return Released(recorded=False, lost=lease.lost)
+        return Released(recorded=False, lost=lease.known_lost)
     params = {
         **lease.claim.params(),
         "token": lease.token,
@@ -356,7 +387,7 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
     db.putconn(conn, clean=True)
-    return Released(recorded=bool(row and row[0]), lost=lease.lost)
+    return Released(recorded=bool(row and row[0]), lost=lease.known_lost)
 
 
 def _release_unwaited(db: Database, lease: Lease) -> bool:

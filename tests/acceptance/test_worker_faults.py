@@ -169,3 +169,68 @@ def test_database_outage_at_task_time_retries_until_it_is_back(
     assert token is not None
     [run] = ledger(pg_dsn, pglock_schema)
     assert ("succeeded", 1) == (run["state"], run["attempts"])
+
+
+ROUNDS = 4
+HOLDERS = 3
+
+
+def running_rows(dsn: str, schema: str, slots: list[str]) -> list[dict[str, object]]:
+    """The ledger rows of ``slots`` once every one of them is running, else []."""
+    rows = [row for row in ledger(dsn, schema) if row["slot"] in slots]
+    running = [row for row in rows if row["state"] == "running"]
+    return running if len(running) == len(slots) else []
+
+
+def test_every_thawed_holder_whose_session_ended_sees_lost_before_writing(
+    redis_url: str, pg_dsn: str, pglock_schema: str, procs: Procs
+) -> None:
+    """4 rounds of 3 holders SIGSTOPped past their lease, then SIGCONTed together: each
+    one's check() says lost (its heartbeat wakes at the same moment and must not make
+    the check read "held")."""
+    env = app_env(
+        pg_dsn=pg_dsn,
+        schema=pglock_schema,
+        broker_url=redis_url,
+        backend_url=redis_result_backend(redis_url),
+        TEST_NAMESPACE=pglock_schema,
+        TEST_LEASE=SHORT_LEASE,
+    )
+    configure_client(env)
+    start_workers(procs, env, 1, concurrency=HOLDERS)
+
+    for round_number in range(ROUNDS):
+        slots = [f"2026-12-01T08:0{round_number}:0{n}Z" for n in range(HOLDERS)]
+        with Gate(pg_dsn) as gate:
+            results = [  # one lock each, so that all of them hold at once
+                testapp.keyed_observed.apply_async(
+                    (f"{pglock_schema}:{n}",), {"gate": gate.id}, headers={"pglock_slot": slot}
+                )
+                for n, slot in enumerate(slots)
+            ]
+            running = wait_until(
+                lambda slots=slots: running_rows(pg_dsn, pglock_schema, slots),
+                timeout=DEADLINE,
+                message=f"round {round_number}: {HOLDERS} holders running",
+            )
+            pids = [row["pid"] for row in running]
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_until(
+                    lambda running=running: (
+                        not any(backend_alive(pg_dsn, row["backend_pid"]) for row in running)
+                    ),
+                    timeout=DEADLINE,
+                    message="the server to end every frozen holder's session",
+                )
+                gate.open()
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+        for result in results:
+            wait_until(result.ready, timeout=DEADLINE, message="a thawed holder to finish")
+
+    seen = observations(pg_dsn, pglock_schema)
+    assert HOLDERS * ROUNDS == len(seen)
+    assert [] == [row for row in seen if not row["lost"]]

@@ -333,3 +333,14 @@ def fenced_gated(self: Any, gate: int | None = None, marker: str | None = None) 
         conn.execute(insert, (self.pglock.token, marker))
     finish(row)
     return {"token": self.pglock.token, "lost": self.pglock.lost}
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.keyed_observed", pglock_key=by_key)
+def keyed_observed(self: Any, key: str, gate: int | None = None) -> Any:
+    """Locked on ``key``: record, wait for ``gate`` (a test may freeze us meanwhile), then
+    note whether the lock is still held (``observations``)."""
+    row = record(self, key)
+    wait_for_gate(gate)
+    observe_lease(self)
+    finish(row)
+    return self.pglock.token

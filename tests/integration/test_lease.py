@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,7 +19,7 @@ from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import Released, acquire, heartbeat, release
+from celery_pglock.locks import Lease, Released, acquire, heartbeat, release
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -30,6 +31,7 @@ from tests.integration.locking import (
     open_database,
     require_lease,
     skipped,
+    terminate,
     the_run,
 )
 
@@ -251,3 +253,48 @@ def heartbeat_cpu_seconds() -> float:
     stat = open(f"/proc/self/task/{thread_id}/stat").read()  # noqa: SIM115
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_check_waits_for_a_ping_in_flight_and_then_asks_the_server(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """check() while the heartbeat holds the connection (both wake after a thaw): it does
+    not answer "held" unasked, it waits and asks the server, which ended the session."""
+    lease = granted(acquire(db, claim(job, SLOT, "t-1"), "session", 30.0))
+    [backend] = lock_holders(pg_conn, job)
+    outcome: list[BaseException | None] = []
+
+    with lease.connection.lock:  # the heartbeat's ping, in flight
+        terminate(pg_conn, backend)  # meanwhile the server ended the session (the lease ran out)
+        checker = threading.Thread(target=lambda: outcome.append(_checked(lease)))
+        checker.start()
+        checker.join(timeout=0.5)  # it must be waiting on the connection, not answering
+        assert [] == outcome
+    checker.join(timeout=10)
+
+    assert [LockLost] == [type(found) for found in outcome]
+    assert lease.lost
+    release(db, lease, SUCCEEDED)
+
+
+def test_lost_asks_the_server_when_the_heartbeat_has_not_heard_from_it(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """``lost`` after longer than the lease without a word from the server (a freeze whose
+    heartbeat has not run yet) asks the server instead of answering "held"."""
+    lease = granted(acquire(db, claim(job, SLOT, "t-1"), "session", 2.0))
+    heartbeat().unregister(lease)  # the heartbeat has not run since the thaw
+    [backend] = lock_holders(pg_conn, job)
+    terminate(pg_conn, backend)
+    lease.confirmed -= 3.0  # its last word from the server predates the freeze
+
+    assert lease.lost
+    release(db, lease, SUCCEEDED)
+
+
+def _checked(lease: Lease) -> BaseException | None:
+    try:
+        lease.check()
+    except LockLost as exc:
+        return exc
+    return None
