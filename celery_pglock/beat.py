@@ -39,6 +39,7 @@ from celery_pglock.db import (
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.keys import default_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
+from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
 from celery_pglock.retention import AutoPrune
 from celery_pglock.schema import Tables
 from celery_pglock.task import ENTRY_HEADER, SLOT_HEADER, PgLockMixin, app_settings
@@ -48,6 +49,7 @@ logger = logging.getLogger("celery_pglock.beat")
 SLOT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
 RESEND_CHECK_EVERY = 5.0
+ORPHAN_SWEEP_EVERY = 10.0  # seconds between two looks for rows a dead attempt left running
 RESEND_HORIZON = 86400.0
 # Per-entry settings read from an entry's ``options`` (and stripped before sending).
 CATCH_UP_OPTION = "pglock_catch_up"
@@ -107,6 +109,7 @@ class PgLockSchedulerMixin:
         self._leading = False
         self._wake_at: dict[str, float] = {}
         self._next_resend_check = 0.0
+        self._next_sweep = 0.0
         self._outage = False
         self._pruner = AutoPrune.from_conf(conf, self.pglock_settings, self.pglock_namespace)
         self._election: LeaderElection | None = None
@@ -149,6 +152,7 @@ class PgLockSchedulerMixin:
             if due:
                 self._send(due)
             self._resend_unconfirmed()
+            self._sweep_orphans()
             self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
         except (psycopg.Error, PgLockError) as exc:
             if self.pglock_leader_mode and not self.is_leader:
@@ -381,6 +385,14 @@ class PgLockSchedulerMixin:
                 "run_ats": [_slot_time(d.slot) for d in sent],
             },
         )
+
+    def _sweep_orphans(self) -> None:
+        """Record failed the ledger rows a dead attempt left running (they are final then)."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + ORPHAN_SWEEP_EVERY
+        abandoned(self._run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS))
 
     def _resend_unconfirmed(self) -> None:
         """Re-send claims whose sender died between claim and publish."""

@@ -6,6 +6,7 @@ module records outcomes and skips and turns rows into the meta a skipped task re
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,16 @@ from celery_pglock.keys import split_key
 from celery_pglock.schema import Tables
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 
+logger = logging.getLogger("celery_pglock")
+
 MAX_REASON_LENGTH = 500
+# Why a `running` row became `failed` without its attempt saying so (``abandon_orphans``,
+# or the skip of a redelivery that found it). record_outcome recognises the prefix.
+ABANDONED = (
+    "abandoned: the attempt's session ended without recording an outcome (its worker "
+    "process died) and no later attempt took the slot over"
+)
+ORPHAN_SWEEP_LIMIT = 100  # rows per sweep: bounds the time a sweep takes from beat
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -108,11 +118,54 @@ def log_skip(
     """Append the skip to the log and explain it. ``held`` is the SQL that frees our lock;
     ``newer_slot`` the succeeded slot that supersedes this one, if any."""
     query = db.tables.query("skip", unlock=held)
-    params = {**claim.params(), "reason": reason, "newer_slot": newer_slot}
+    params = {
+        **claim.params(),
+        "reason": reason,
+        "newer_slot": newer_slot,
+        "abandoned_reason": ABANDONED,
+    }
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(query, params).fetchone()
     assert row is not None  # the statement always returns one row
+    if row["abandoned_token"] is not None:
+        report_abandoned([{**row, "lock_name": claim.lock_name, "slot": claim.slot}])
     return skip_from_row(claim, row)
+
+
+ORPHAN_SWEEP_PARAMS = {"limit": ORPHAN_SWEEP_LIMIT, "reason": ABANDONED}
+ABANDONED_COLUMNS = ("lock_name", "slot", "token", "task_id", "host", "pid")
+
+
+def abandon_orphans(conn: Connection, tables: Tables) -> list[dict[str, Any]]:
+    """Record ``failed`` (abandoned) the oldest ``running`` rows whose attempt's session is
+    gone; returns them, logged. The beat leader runs it every few seconds."""
+    rows = conn.execute(tables.query("abandon_orphans"), ORPHAN_SWEEP_PARAMS).fetchall()
+    return abandoned(rows)
+
+
+def abandoned(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The rows ``abandon_orphans`` returned, as dicts, each logged."""
+    found = [dict(zip(ABANDONED_COLUMNS, row, strict=True)) for row in rows]
+    report_abandoned(found)
+    return found
+
+
+def report_abandoned(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        token = row.get("abandoned_token", row.get("token"))
+        logger.warning(
+            "lock %r slot %s: attempt (token %s) recorded failed, its session is gone: %s",
+            row["lock_name"],
+            row["slot"],
+            token,
+            ABANDONED,
+            extra={
+                "action": "pglock_run_abandoned",
+                "lock": row["lock_name"],
+                "slot": row["slot"],
+                "token": token,
+            },
+        )
 
 
 def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:

@@ -18,6 +18,7 @@ from celery_pglock.errors import ConfigurationError
 TABLES = ("runs", "tokens", "fences", "holders", "skips", "beat", "beat_sends", "schema_version")
 INDEXES = (
     "runs_updated_idx",
+    "runs_running_idx",
     "skips_run_idx",
     "skips_at_idx",
     "beat_sends_unsent_idx",

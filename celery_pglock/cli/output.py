@@ -127,7 +127,7 @@ def running_text(running: list[Row]) -> str:
             run["host"],
             run["pid"],
             when(run["started_at"]),
-            "alive" if run["holder_alive"] else "GONE (awaits retry)",
+            "alive" if run["holder_alive"] else "GONE (recorded failed at the next sweep)",
         )
         for run in running
     ]

@@ -102,11 +102,40 @@ SELECT outcome.recorded,
 
 -- name: record_outcome
 -- After the lock's connection broke: record the outcome on a fresh connection, but only
--- if no later attempt took the row over (same token, still running).
+-- if no later attempt took the row over (same token, still running, or recorded
+-- abandoned by `abandon_orphans` in between: its session was gone, the attempt was not).
 UPDATE {runs}
    SET state = %(state)s, reason = %(reason)s, finished_at = now(), updated_at = now()
- WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s AND state = 'running'
+ WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s
+   AND (state = 'running' OR (state = 'failed' AND reason LIKE 'abandoned:%%'))
 RETURNING 1;
+
+-- name: abandon_orphans
+-- Rows left `running` that nothing can finish: the backend that claimed the slot no
+-- longer holds its lock (the worker was SIGKILLed or its session ended) and no attempt
+-- has claimed the slot since. Recorded `failed`, reason `abandoned: …`: a failed slot is
+-- claimed again exactly like such a row, so nothing changes for a redelivery, and the
+-- row is final. The beat leader sweeps the oldest %(limit)s at a time; rows another
+-- transaction has locked (a release committing) are left for the next sweep.
+WITH orphans AS (
+    SELECT r.lock_name, r.slot
+      FROM {runs} r
+     WHERE r.state = 'running'
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.pid = r.backend_pid
+              AND l.classid = ((r.lock_key >> 32) & 4294967295)::oid
+              AND l.objid = (r.lock_key & 4294967295)::oid)
+     ORDER BY r.started_at
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {runs} r
+   SET state = 'failed', reason = %(reason)s, finished_at = now(), updated_at = now()
+  FROM orphans o
+ WHERE r.lock_name = o.lock_name AND r.slot = o.slot
+RETURNING r.lock_name, r.slot, r.token, r.task_id, r.host, r.pid;
 
 -- name: record_worker_lost
 -- The worker's main process saw the pool child running this message die (SIGKILL, OOM)
@@ -169,6 +198,19 @@ WITH released AS (
        AND (%(entry)s::text IS NULL OR EXISTS (
             SELECT 1 FROM {runs} e
              WHERE e.lock_name = %(lock_name)s AND e.slot = h.slot AND e.entry = %(entry)s::text))
+), abandoned AS (
+    -- The slot's row is `running` but its backend no longer holds the lock: a dead attempt
+    -- (SIGKILLed worker) that this skipped redelivery would otherwise leave for good.
+    UPDATE {runs} r
+       SET state = 'failed', reason = %(abandoned_reason)s, finished_at = now(),
+           updated_at = now()
+     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'running'
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.pid = r.backend_pid
+              AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid)
+    RETURNING r.token
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
     SELECT %(lock_name)s, %(slot)s,
@@ -182,6 +224,7 @@ WITH released AS (
 )
 SELECT (SELECT reason FROM logged) AS reason,
        (SELECT released FROM released) AS released,
+       (SELECT token FROM abandoned) AS abandoned_token,
        run.state AS run_state, run.token AS run_token, run.task_id AS run_task_id,
        run.host AS run_host, run.pid AS run_pid, run.finished_at AS run_finished_at,
        holder.backend_pid, holder.application_name, holder.xact_start,
@@ -211,6 +254,19 @@ WITH run AS (
                    AND l.pid = r.backend_pid
                    AND l.classid = %(classid)s::bigint::oid
                    AND l.objid = %(objid)s::bigint::oid)))
+), abandoned AS (
+    -- The slot's row is `running` but its backend no longer holds the lock: a dead attempt
+    -- (SIGKILLed worker) that this skipped redelivery would otherwise leave for good.
+    UPDATE {runs} r
+       SET state = 'failed', reason = %(abandoned_reason)s, finished_at = now(),
+           updated_at = now()
+     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'running'
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.pid = r.backend_pid
+              AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid)
+    RETURNING r.token
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
     SELECT %(lock_name)s, %(slot)s,

@@ -103,7 +103,7 @@ def test_migrate_applies_then_reports_up_to_date(app: Celery, pglock_schema: str
     second = invoke(app, "migrate", "--json")
 
     assert (0, 0) == (first.exit_code, second.exit_code), first.output + second.output
-    assert {"applied": [1], "version": 1, "schema": pglock_schema} == {
+    assert {"applied": [1, 2], "version": 2, "schema": pglock_schema} == {
         key: json.loads(first.stdout)[key] for key in ("applied", "version", "schema")
     }
     assert [] == json.loads(second.stdout)["applied"]

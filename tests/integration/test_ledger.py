@@ -11,8 +11,8 @@ import pytest
 from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, Database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED
-from celery_pglock.locks import Released, acquire, release
+from celery_pglock.ledger import FAILED, SUCCEEDED, abandon_orphans, record_outcome
+from celery_pglock.locks import Lease, Released, acquire, release
 from tests.integration.locking import (
     Conn,
     claim,
@@ -23,6 +23,7 @@ from tests.integration.locking import (
     run_row,
     skip_rows,
     skipped,
+    terminate,
     the_run,
 )
 
@@ -244,3 +245,80 @@ def test_slots_of_one_lock_are_independent(db: Database, pg_conn: Conn, job: str
     states = [the_run(pg_conn, db, job, s)["state"] for s in ("2026-01-01", "2026-01-02")]
     assert ["succeeded", "succeeded"] == states
     assert run_row(pg_conn, db, job, "2026-01-03") is None
+
+
+# -- rows nothing can finish: a dead attempt's `running` row becomes final -------------------
+
+NEWER = "2026-11-29T18:06:00Z"
+
+
+def dead_attempt(db: Database, pg_conn: Conn, job: str, slot: str, task_id: str) -> Lease:
+    """A granted attempt whose session then ended without a word (a SIGKILLed worker)."""
+    lease = granted(acquire(db, claim(job, slot, task_id), "session", None))
+    [backend] = lock_holders(pg_conn, job)
+    terminate(pg_conn, backend)
+    return lease
+
+
+def test_a_skipped_redelivery_records_the_dead_attempt_abandoned(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """The slot's row is running, its attempt's session gone, and the redelivery is skipped
+    (another slot holds the lock): the skip records the dead attempt failed, abandoned."""
+    dead = dead_attempt(db, pg_conn, job, SLOT, "t-dead")
+    newer = granted(acquire(db, claim(job, NEWER, "t-newer"), "session", None))
+
+    skip = skipped(acquire(db, claim(job, SLOT, "t-dead"), "session", None))
+
+    assert "locked" == skip.reason
+    row = the_run(pg_conn, db, job, SLOT)
+    assert (FAILED, dead.token) == (row["state"], row["token"])
+    assert row["reason"].startswith("abandoned:")
+    assert row["finished_at"] is not None
+    release(db, newer, SUCCEEDED)
+
+
+def test_the_sweep_records_dead_attempts_abandoned_and_leaves_live_ones(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """abandon_orphans: a running row whose session is gone becomes failed; a live
+    holder's running row stays running."""
+    dead_attempt(db, pg_conn, job, SLOT, "t-dead")
+    live = granted(acquire(db, claim(f"{job}-live", SLOT, "t-live"), "session", None))
+
+    with db.connection() as conn:
+        swept = abandon_orphans(conn, db.tables)
+
+    assert [(job, SLOT)] == [(row["lock_name"], row["slot"]) for row in swept]
+    assert FAILED == the_run(pg_conn, db, job, SLOT)["state"]
+    assert "running" == the_run(pg_conn, db, f"{job}-live", SLOT)["state"]
+    release(db, live, SUCCEEDED)
+
+
+def test_an_abandoned_slot_runs_again_with_a_larger_token(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Abandoned is failed: the next attempt claims the slot as attempt 2."""
+    dead = dead_attempt(db, pg_conn, job, SLOT, "t-dead")
+    with db.connection() as conn:
+        abandon_orphans(conn, db.tables)
+
+    again = granted(acquire(db, claim(job, SLOT, "t-again"), "session", None))
+
+    assert (2, True) == (again.attempts, again.token > dead.token)
+    release(db, again, SUCCEEDED)
+
+
+def test_an_attempt_alive_past_its_session_still_records_its_outcome(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """The sweep ran between the attempt's connection breaking and its recovery write:
+    the same token may still record success (no later attempt took the slot)."""
+    dead = dead_attempt(db, pg_conn, job, SLOT, "t-1")
+    with db.connection() as conn:
+        abandon_orphans(conn, db.tables)
+
+    recorded = record_outcome(db, dead.claim, dead.token, SUCCEEDED, None)
+
+    assert recorded
+    assert SUCCEEDED == the_run(pg_conn, db, job, SLOT)["state"]
