@@ -31,7 +31,7 @@ import importlib
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 from celery.schedules import BaseSchedule, crontab, schedule, solar
@@ -216,12 +216,28 @@ def _crontab_bounds(sched: crontab, now: datetime) -> _Bounds:
 
 
 def _crontab_next(sched: crontab, after: datetime) -> datetime:
-    """Return the occurrence Celery fires next when its last run was at ``after`` (UTC)."""
-    last, delta, _ = sched.remaining_delta(after)
-    occurrence: datetime = (last + delta).astimezone(timezone.utc)
+    """Return the occurrence Celery fires next when its last run was at ``after`` (UTC).
+
+    The same on every Celery version: ``after`` is handed over in the schedule's timezone
+    (before 5.7 Celery matched the fields in whatever timezone the datetime came in), to
+    a view of the schedule whose clock reads ``after`` (before 5.7 the minutes left in an
+    hour counted only on the day of the clock reading), and the result is computed from
+    ``after`` itself (before 5.7 it came back in the host's zone with ``enable_utc=False``).
+    """
+    local = after.astimezone(_zone(sched))
+    _, delta, _ = _clock_reading(sched, local).remaining_delta(local)
+    occurrence: datetime = (local + delta).astimezone(timezone.utc)
     if occurrence <= after:
         raise RuntimeError(f"{sched!r} did not advance past {after.isoformat()}")
     return occurrence
+
+
+def _clock_reading(sched: crontab, now: datetime) -> crontab:
+    """A shallow view of ``sched`` whose clock (``nowfun``) always reads ``now``."""
+    view: Any = object.__new__(type(sched))
+    view.__dict__.update(vars(sched))
+    view.nowfun = lambda: now
+    return cast(crontab, view)
 
 
 def _zone(sched: BaseSchedule) -> tzinfo:

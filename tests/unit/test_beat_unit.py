@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any, cast
 
+import celery
 import psycopg
 import pytest
 from celery import Celery
@@ -186,7 +187,8 @@ def test_entry_view_headers_reach_send_task_and_leave_the_entry_alone(app: Celer
     view = _EntryWithHeaders(entry, {"pglock_slot": "s"})
     Recording(app, lazy=True).apply_async(view, advance=False)  # type: ignore[arg-type]
 
-    assert [{"pglock_slot": "s", "celery_beat_task": True}] == sent
+    marked = {"celery_beat_task": True} if celery.VERSION[:2] >= (5, 7) else {}  # new in 5.7
+    assert [{"pglock_slot": "s", **marked}] == sent
     assert {} == entry.options
 
 
