@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test lint typecheck pytest test-integration demo bench clean
+.PHONY: test lint typecheck pytest test-integration test-compat demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,59 @@ pytest: $(STAMP)
 test-integration: $(STAMP)
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
+## make test-compat: the supported-versions promise. Builds the wheel; on the LOWEST supported
+## Celery, psycopg and psycopg-pool (pyproject.toml's lower bounds, pinned with ==) runs the
+## unit tier and the real-worker smoke test; then installs the wheel with only what the
+## README's install line names (plus redis and pytest), on the newest versions pip resolves,
+## and runs the smoke test from outside the source tree. Needs PGLOCK_TEST_DSN and Redis
+## (PGLOCK_TEST_REDIS_URL); a missing one fails the smoke test, never skips it.
+COMPAT := .compat
+# README's install line (the first `pip install` under "## Install"), run with the venv's pip;
+# pip takes celery-pglock from the wheel just built (its version pinned), the rest from PyPI.
+README_INSTALL := $(shell sed -n '/^\#\# Install/,/^\#\# /p' README.md | grep -m1 '^pip install')
+VERSION := $(shell sed -nE 's/^version = "([^"]+)"/\1/p' pyproject.toml)
+LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg|psycopg-pool)>=([0-9.]+)",.*/\1==\2/p' pyproject.toml)
+# psycopg[binary]==3.2.0 asks for an unpublished psycopg-binary: pin the binary directly.
+LOWEST_BINARY := $(patsubst psycopg==%,psycopg-binary==%,$(filter psycopg==%,$(LOWEST)))
+# What tests/unit imports besides the package (none of the dev-only extras).
+UNIT_DEPS := pytest pytest-timeout redis pyyaml rich sqlalchemy ephem
+VERSIONS := from importlib.metadata import version; \
+	print(*(f"{n} {version(n)}" for n in ("celery", "kombu", "psycopg", "psycopg-pool", "redis")), sep=", ")
+INSTALLED := import sys, celery_pglock; f = celery_pglock.__file__; print("celery_pglock:", f); \
+	sys.exit(None if "site-packages" in f else "not the installed wheel")
+# $(call smoke,VENV): the smoke test, copied to a temporary folder and run there with VENV.
+define smoke
+	dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
+	cp tests/smoke/*.py tests/smoke/pytest-standalone.ini "$$dir" && cd "$$dir" && \
+	env -u PYTHONPATH $(CURDIR)/$(1)/bin/python -c '$(INSTALLED)' && \
+	PGLOCK_TEST_REQUIRE="postgres,redis,$${PGLOCK_TEST_REQUIRE:-}" env -u PYTHONPATH \
+		$(CURDIR)/$(1)/bin/python -m pytest -c pytest-standalone.ini test_smoke.py
+endef
+
+test-compat:
+	@test $(words $(LOWEST)) -eq 3 || { echo "no lower bounds of celery, psycopg, psycopg-pool found in pyproject.toml"; exit 1; }
+	rm -rf $(COMPAT)
+	$(PYTHON) -m venv $(COMPAT)/lowest
+	$(COMPAT)/lowest/bin/python -m pip wheel -q --no-deps -w $(COMPAT)/dist .
+	$(COMPAT)/lowest/bin/python -m pip install -q $(COMPAT)/dist/*.whl $(LOWEST) $(LOWEST_BINARY) $(UNIT_DEPS)
+	$(COMPAT)/lowest/bin/python -m pip check
+	@echo "== lowest: $$($(COMPAT)/lowest/bin/python -c '$(VERSIONS)')"
+	$(COMPAT)/lowest/bin/python -m pytest tests/unit -p no:cacheprovider -q
+	$(call smoke,$(COMPAT)/lowest)
+	$(PYTHON) -m venv $(COMPAT)/wheel
+	@echo "== README's install line, as written: $(README_INSTALL)"
+	@test -n '$(README_INSTALL)' || { echo "README.md has no pip install line under '## Install'"; exit 1; }
+	echo "celery-pglock==$(VERSION)" > $(COMPAT)/pin.txt
+	cd $(COMPAT)/wheel/bin && PIP_FIND_LINKS=$(CURDIR)/$(COMPAT)/dist PIP_CONSTRAINT=$(CURDIR)/$(COMPAT)/pin.txt ./$(README_INSTALL)
+	$(COMPAT)/wheel/bin/python -m pip install -q redis pytest
+	$(COMPAT)/wheel/bin/python -m pip check
+	@echo "== wheel, newest: $$($(COMPAT)/wheel/bin/python -c '$(VERSIONS)')"
+	$(call smoke,$(COMPAT)/wheel)
+
 ## make bench: side-by-side benchmarks (writes docs/benchmarks.md); ARGS=--quick for a short run
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m benchmarks $(ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(COMPAT) .mypy_cache .ruff_cache .pytest_cache

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
+import celery
 from celery import Celery, Task, bootsteps
 from celery import signals as celery_signals
 from celery.exceptions import Ignore, Reject, WorkerLostError
@@ -68,6 +69,7 @@ from celery_pglock.states import SKIPPED
 logger = logging.getLogger("celery_pglock")
 
 MAX_DB_RETRY_COUNTDOWN = 60.0
+CELERY_KEEPS_REQUEST = celery.VERSION[:2] >= (5, 5)  # Task.push_request copies the request
 
 _settings: weakref.WeakKeyDictionary[Celery, Settings] = weakref.WeakKeyDictionary()
 _outage = OutageLog(logger, "pglock_db_back")  # per process: one ERROR line per outage
@@ -303,6 +305,15 @@ class PgLockMixin:
         publish = super().apply_async  # type: ignore[misc]
         _running.retries[task_id] = lambda: publish(args, kwargs, task_id, *rest, **options)
         return True
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's ``push_request``. The request ``Task.__call__`` pushes keeps the current
+        one's fields, as Celery does from 5.5 on: before, the body of an eager call saw no
+        id and no headers."""
+        if args or CELERY_KEEPS_REQUEST:  # the tracer pushes its request positionally
+            super().push_request(*args, **kwargs)  # type: ignore[misc]
+        else:
+            super().push_request(**{**vars(self.request), **kwargs})  # type: ignore[misc]
 
     def apply(self, *args: Any, **options: Any) -> Any:
         """Celery's eager ``apply``; a skipped duplicate's result is ``SKIPPED`` with the
