@@ -254,19 +254,6 @@ WITH run AS (
                    AND l.pid = r.backend_pid
                    AND l.classid = %(classid)s::bigint::oid
                    AND l.objid = %(objid)s::bigint::oid)))
-), abandoned AS (
-    -- The slot's row is `running` but its backend no longer holds the lock: a dead attempt
-    -- (SIGKILLed worker) that this skipped redelivery would otherwise leave for good.
-    UPDATE {runs} r
-       SET state = 'failed', reason = %(abandoned_reason)s, finished_at = now(),
-           updated_at = now()
-     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'running'
-       AND NOT EXISTS (
-           SELECT 1 FROM pg_locks l
-            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-              AND l.pid = r.backend_pid
-              AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid)
-    RETURNING r.token
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
     SELECT %(lock_name)s, %(slot)s,
