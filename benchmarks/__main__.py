@@ -24,7 +24,16 @@ import redis
 
 from benchmarks import common
 
-SECTIONS = ("overhead", "failover", "tick", "ledger", "contention", "resources", "enqueue")
+SECTIONS = (
+    "overhead",
+    "failover",
+    "tick",
+    "ledger",
+    "contention",
+    "resources",
+    "enqueue",
+    "pools",
+)
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
 PACKAGES = (
@@ -37,6 +46,8 @@ PACKAGES = (
     "celery-singleton",
     "celery-redbeat",
     "matplotlib",
+    "gevent",
+    "eventlet",
 )
 
 
@@ -225,6 +236,10 @@ def run_sections(run: Run) -> None:
         run.section("4. Ledger scale", body4)
     if "enqueue" in only:
         run.section("7. Enqueue-time check (`pglock_check_on_enqueue`)", lambda: enqueue(run))
+    if "pools" in only:
+        run.section(
+            "8. Worker pools: 100 locked 1-second tasks at concurrency 100", lambda: pools(run)
+        )
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
@@ -250,6 +265,19 @@ def enqueue(run: Run) -> tuple[list[str], list[Any]]:
         *enqueue_check.report(times, trips),
     ]
     return lines, []
+
+
+def pools(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.pools``: every pool at concurrency 100, on a server of its own."""
+    from benchmarks import pools as pool_bench  # noqa: PLC0415
+
+    tasks = 20 if run.args.quick else pool_bench.TASKS
+    contenders = pool_bench.CONTENDERS
+    if run.args.quick:
+        contenders = tuple(
+            pool_bench.Contender(c.pool, 20, c.pool_size) for c in pool_bench.CONTENDERS
+        )
+    return pool_bench.section(pool_bench.run(run.env, tasks=tasks, contenders=contenders))
 
 
 def summary(targets: list[Any], written: bool) -> str:

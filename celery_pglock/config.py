@@ -30,7 +30,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_schema": "public",
     "pglock_table_prefix": "pglock_",
     "pglock_auto_migrate": True,
-    "pglock_pool_size": 4,
+    "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
     "pglock_connect_timeout": 5.0,
     "pglock_all_tasks": False,  # lock every task of the app (applied when it finalizes)
     # Task option defaults (each may also be set per task as a task attribute).
@@ -138,7 +138,7 @@ class Settings:
     schema: str = "public"
     table_prefix: str = "pglock_"
     auto_migrate: bool = True
-    pool_size: int = 4
+    pool_size: int | None = None  # None: "auto", resolved per process by celery_pglock.db
     connect_timeout: float = 5.0
 
     def __repr__(self) -> str:
@@ -156,7 +156,7 @@ class Settings:
             schema=_text(value("pglock_schema"), "pglock_schema"),
             table_prefix=_text(value("pglock_table_prefix"), "pglock_table_prefix", empty=True),
             auto_migrate=bool(value("pglock_auto_migrate")),
-            pool_size=_positive(value("pglock_pool_size"), "pglock_pool_size", int),
+            pool_size=_pool_size(value("pglock_pool_size")),
             connect_timeout=_positive(value("pglock_connect_timeout"), "pglock_connect_timeout"),
         )
 
@@ -277,6 +277,21 @@ def _lease(lease: Any, task_name: str) -> float | None:
     if lease in (0, False):
         return None  # lease explicitly turned off
     return float(_positive(lease, f"{task_name}: pglock_lease"))
+
+
+def _pool_size(value: Any) -> int | None:
+    """``pglock_pool_size``: a positive int, or None / "auto" (follow the worker's pool)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        size = 0 if isinstance(value, bool) else int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size <= 0:
+        raise ConfigurationError(
+            f"pglock_pool_size must be a positive int or 'auto', got {value!r}"
+        )
+    return size
 
 
 def _positive(value: Any, name: str, kind: type = float) -> Any:

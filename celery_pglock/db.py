@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import sql, waiting
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_pglock import schema
@@ -36,9 +36,14 @@ TCP_USER_TIMEOUT_MS = 30_000
 LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14
 HOSTNAME = socket.gethostname()
 
+DEFAULT_POOL_SIZE = 4  # pglock_pool_size "auto" where tasks do not run as threads/greenlets
+
 _pools: dict[Settings, Database] = {}
 _abandoned: list[Database] = []  # inherited across fork: must never be closed here
 _pools_lock = threading.Lock()
+# pglock_pool_size "auto" in a worker whose tasks run as threads or greenlets of this
+# process: its concurrency, plus one. Set at worker start-up, forgotten in a forked child.
+_worker_pool_size: int | None = None
 
 
 def application_name(role: str = "") -> str:
@@ -72,6 +77,41 @@ def translate_error(exc: BaseException, settings: Settings) -> DatabaseUnavailab
     )
 
 
+def pool_size(settings: Settings) -> int:
+    """How many connections this process's pool for ``settings`` may open."""
+    if settings.pool_size is not None:
+        return settings.pool_size
+    return _worker_pool_size or DEFAULT_POOL_SIZE
+
+
+def size_for_worker(settings: Settings, concurrency: int | None) -> int:
+    """Size this process's "auto" pools for ``concurrency`` tasks running at once in it
+    (a threads, gevent or eventlet worker; None: any other) and return the pool size.
+
+    One connection per task that may hold a lock, plus one: a locked task's body may
+    publish a task checked on enqueue (``pglock_check_on_enqueue``), a look-up that needs
+    a second connection while every task holds its own.
+    """
+    global _worker_pool_size  # noqa: PLW0603 - one process-wide setting, reset after fork
+    with _pools_lock:
+        _worker_pool_size = None if concurrency is None else max(1, concurrency) + 1
+        for db in _pools.values():  # a pool opened before start-up (rare) follows too
+            if db.pid == os.getpid() and db.settings.pool_size is None:
+                db.pool.resize(min_size=db.pool.min_size, max_size=pool_size(db.settings))
+    return pool_size(settings)
+
+
+def waits_block_greenlets() -> bool:
+    """Whether psycopg waits for replies in C (``wait_c``), which yields to no greenlet.
+
+    psycopg avoids it once gevent has patched ``select``, but does not detect eventlet:
+    under ``-P eventlet`` each statement then pauses every greenlet of the process, the
+    lease heartbeats included, until its reply. ``PSYCOPG_WAIT_FUNC=wait_select`` in the
+    environment makes psycopg wait through ``select``, which eventlet makes cooperative.
+    """
+    return getattr(waiting.wait, "__name__", "") == "wait_c"
+
+
 def connect(settings: Settings, **overrides: Any) -> Connection:
     """A new, unpooled connection (CLI, beat leader, start-up checks)."""
     try:
@@ -97,7 +137,7 @@ class Database:
             settings.dsn,
             kwargs=connect_kwargs(settings),
             min_size=1,
-            max_size=max(1, settings.pool_size),
+            max_size=pool_size(settings),
             open=False,
             # No reset callback: with one, the pool takes connections back in a background
             # thread, so a prefork child's next task finds the pool empty and opens another
@@ -133,10 +173,12 @@ class Database:
         parked = self.parking.take()
         if parked is not None:
             return parked
-        try:
+        try:  # counted as waiting meanwhile: connections given back go to the pool
             return self.pool.getconn()
         except PoolTimeout:
             raise self._no_connection() from None
+        finally:
+            self.parking.stop_waiting()
 
     def _no_connection(self) -> DatabaseUnavailable:
         """Why the pool gave no connection in time: the server's refusal (down, "too many
@@ -305,9 +347,13 @@ def close_all() -> None:
 
 
 def _forget_inherited_pools() -> None:
-    # Runs in the child right after fork: keep the parent's pools alive but unused.
+    # Runs in the child right after fork: keep the parent's pools alive but unused. A
+    # prefork child (or beat forked by `worker -B`) runs one task at a time: it does not
+    # take the size its parent set for tasks running as threads or greenlets.
+    global _worker_pool_size  # noqa: PLW0603
     _abandoned.extend(_pools.values())
     _pools.clear()
+    _worker_pool_size = None
 
 
 os.register_at_fork(after_in_child=_forget_inherited_pools)

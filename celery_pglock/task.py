@@ -31,7 +31,9 @@ from celery_pglock.db import (
     database,
     ensure_schema,
     pooler_message,
+    size_for_worker,
     transaction_pooled,
+    waits_block_greenlets,
 )
 from celery_pglock.enqueue import SkippedResult, checks_enqueue, skipped_before_publish
 from celery_pglock.errors import (
@@ -431,9 +433,21 @@ def _send_event(task: Any, meta: dict[str, Any]) -> None:
 
 
 class StartupCheck(bootsteps.StartStopStep):
-    """Fail the worker at start-up when the DSN or the schema is wrong, with a clear message."""
+    """Fail the worker at start-up when the DSN or the schema is wrong, with a clear message;
+    size the lock connections to the worker's pool and say how many a process may open."""
 
     label = "celery-pglock"
+
+    # Celery's pools by module: threads, gevent and eventlet run the worker's tasks at
+    # once inside its main process; prefork runs each in a child, one at a time.
+    POOL_NAMES: ClassVar[dict[str, str]] = {
+        "celery.concurrency.prefork": "prefork",
+        "celery.concurrency.solo": "solo",
+        "celery.concurrency.thread": "threads",
+        "celery.concurrency.gevent": "gevent",
+        "celery.concurrency.eventlet": "eventlet",
+    }
+    IN_PROCESS: ClassVar[frozenset[str]] = frozenset({"threads", "gevent", "eventlet"})
 
     def start(self, worker: Any) -> None:
         settings = app_settings(worker.app)
@@ -448,7 +462,70 @@ class StartupCheck(bootsteps.StartStopStep):
                 ", ".join(session),
                 extra={"action": "pglock_transaction_pooler"},
             )
+        self._size_connections(worker, settings)
         logger.info("celery-pglock ready: %r", settings, extra={"action": "pglock_ready"})
+
+    @classmethod
+    def _size_connections(cls, worker: Any, settings: Settings) -> None:
+        # This step runs in the worker's main process before it consumes: where threads,
+        # gevent and eventlet run the tasks, and before prefork forks its children.
+        pool = cls._pool_name(worker.pool_cls)
+        concurrency = max(worker.concurrency or 1, getattr(worker, "max_concurrency", 0) or 0)
+        in_process = pool in cls.IN_PROCESS or bool(getattr(worker.pool_cls, "is_green", False))
+        size = size_for_worker(settings, concurrency if in_process else None)
+        who, how = "each worker process", ""
+        if pool == "prefork":
+            how = f"{concurrency} processes, {concurrency * size} connections in all"
+        elif in_process:
+            who, how = "this worker process", "its tasks run in this process"
+        elif pool == "solo":
+            who = "this worker process"
+        logger.info(
+            "celery-pglock: %s opens at most %d PostgreSQL connections for locks "
+            "(pool %s, concurrency %d%s; pglock_pool_size %s)",
+            who,
+            size,
+            pool,
+            concurrency,
+            f": {how}" if how else "",
+            "auto" if settings.pool_size is None else settings.pool_size,
+            extra={
+                "action": "pglock_connections",
+                "pool": pool,
+                "concurrency": concurrency,
+                "connections_per_process": size,
+            },
+        )
+        if in_process and settings.pool_size is not None and settings.pool_size < concurrency:
+            logger.warning(
+                "pglock_pool_size = %d is below this worker's concurrency (%d, pool %s): "
+                "locked tasks beyond %d at once queue for a PostgreSQL connection, and one "
+                "that waits longer than pglock_connect_timeout (%.1f s) is retried. To fix: "
+                "remove pglock_pool_size (auto: concurrency + 1) or set it to at least %d",
+                settings.pool_size,
+                concurrency,
+                pool,
+                settings.pool_size,
+                settings.connect_timeout,
+                concurrency + 1,
+                extra={"action": "pglock_pool_size_too_small", "pool": pool},
+            )
+        if getattr(worker.pool_cls, "is_green", False) and waits_block_greenlets():
+            logger.warning(
+                "pool %s: psycopg waits for PostgreSQL without yielding to other greenlets "
+                "(it detects gevent, not eventlet): each statement pauses every task of this "
+                "worker, and one longer than pglock_lease makes other tasks lose their locks. "
+                "To fix: start the worker with PSYCOPG_WAIT_FUNC=wait_select in its environment",
+                pool,
+                extra={"action": "pglock_greenlets_blocked", "pool": pool},
+            )
+
+    @classmethod
+    def _pool_name(cls, pool_cls: Any) -> str:
+        for klass in getattr(pool_cls, "__mro__", ()):
+            if klass.__module__ in cls.POOL_NAMES:
+                return cls.POOL_NAMES[klass.__module__]
+        return f"{pool_cls.__module__}.{pool_cls.__qualname__}"
 
 
 def _session_scope_tasks(app: Celery) -> list[str]:
