@@ -218,8 +218,11 @@ WITH released AS (
                 WHEN EXISTS (SELECT 1 FROM ahead) THEN 'superseded'
                 ELSE %(reason)s END,
            %(task_id)s, %(task_name)s, %(host)s, %(pid)s,
-           coalesce((SELECT task_id FROM holder), (SELECT task_id FROM newer),
-                    (SELECT task_id FROM run))
+           -- who held the lock, or ran the slot: for a `done` skip the run that succeeded,
+           -- not whichever attempt of another slot holds the lock now
+           CASE WHEN (SELECT state FROM run) = 'succeeded' THEN (SELECT task_id FROM run)
+                ELSE coalesce((SELECT task_id FROM holder), (SELECT task_id FROM newer),
+                              (SELECT task_id FROM run)) END
     RETURNING reason
 )
 SELECT (SELECT reason FROM logged) AS reason,
