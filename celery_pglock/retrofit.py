@@ -31,7 +31,18 @@ logger = logging.getLogger("celery_pglock")
 
 SETTING = "pglock_all_tasks"
 
-_locked_classes: dict[type, type] = {}
+# Task.bind warns about these deprecated routing attributes when a class defines them
+# itself: the locked class carries them too, so that the warning is kept.
+ROUTING_ATTRIBUTES = (
+    "queue",
+    "exchange",
+    "exchange_type",
+    "routing_key",
+    "delivery_mode",
+    "priority",
+)
+LOCKED_CLASS = "_pglock_locked_class"
+
 _classes_lock = threading.Lock()
 _warned: set[str] = set()  # task names already warned about, in this process
 
@@ -39,11 +50,15 @@ _warned: set[str] = set()  # task names already warned about, in this process
 def locked_class(cls: type) -> type:
     """``cls`` with ``PgLockMixin`` in front; one class per original, so tasks of one
     class stay of one class."""
+    # Kept on the original class, not in a module-level dict: such a dict would keep every
+    # task class, and so every app (a test suite builds hundreds), alive for good.
     with _classes_lock:
-        found = _locked_classes.get(cls)
+        found: type | None = cls.__dict__.get(LOCKED_CLASS)
         if found is None:
             namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
-            found = _locked_classes[cls] = type(cls.__name__, (PgLockMixin, cls), namespace)
+            namespace.update({a: cls.__dict__[a] for a in ROUTING_ATTRIBUTES if a in cls.__dict__})
+            found = type(cls.__name__, (PgLockMixin, cls), namespace)
+            type.__setattr__(cls, LOCKED_CLASS, found)
         return found
 
 

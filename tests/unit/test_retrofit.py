@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -101,3 +103,21 @@ def test_one_locked_class_per_original_class() -> None:
     """Tasks of one class stay of one class: the locked class is made once."""
     assert locked_class(FrameworkTask) is locked_class(FrameworkTask)
     assert FrameworkTask in locked_class(FrameworkTask).__mro__
+
+
+def test_retrofitted_apps_are_not_kept_alive() -> None:
+    """A retrofitted app closed and dropped is garbage (test suites build hundreds)."""
+    refs = []
+    for number in range(5):
+        app = make_app(pglock_all_tasks=True)
+
+        @app.task(name=f"retro.gone{number}", shared=False)
+        def gone() -> None: ...
+
+        app.finalize()
+        refs.append(weakref.ref(app))
+        app.close()
+        del app, gone
+    gc.collect()
+
+    assert [] == [ref for ref in refs if ref() is not None]
