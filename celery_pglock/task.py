@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
 import celery
+import psycopg
 from celery import Celery, Task, bootsteps
 from celery import signals as celery_signals
 from celery.exceptions import Ignore, Reject, WorkerLostError
@@ -221,9 +222,7 @@ class PgLockMixin:
             if lease.scope == "session":
                 release(db, lease, FAILED, reason)
                 return
-            conn = lease.connection
-            conn.rollback()
-            record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
+            _record_failure_in_transaction_scope(db, lease, reason)
             # Stop the heartbeat for this lease; the pool's reset frees the body's locks.
             abandon(db, lease)
         except Exception:  # the body's exception matters more than the bookkeeping's
@@ -410,6 +409,22 @@ class PgLockMixin:
 
 class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
     """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
+
+
+def _record_failure_in_transaction_scope(db: Database, lease: Lease, reason: str) -> None:
+    """The body failed: its claim rolls back with it; record the failed attempt. When the
+    lock's connection itself died (server restart, a pooler's crash), on a fresh one: the
+    rollback on the dead one raises, and the slot's row would stay as it was for good."""
+    conn = lease.connection
+    try:
+        conn.rollback()
+    except psycopg.OperationalError:
+        if not conn.closed and not conn.broken:
+            raise
+        with connect(db.settings) as fresh:
+            record_failure_after_rollback(fresh, db, lease.claim, lease.token, reason)
+        return
+    record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
 
 
 def _publish_retry(lease: Lease) -> None:
