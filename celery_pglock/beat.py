@@ -358,6 +358,9 @@ class PgLockSchedulerMixin:
             self._schema_ready = True
 
     def _claim(self, due: list[Due]) -> set[tuple[str, str]]:
+        # One order for every replica: the schedule's order is a set's (per process hash
+        # seed), and two replicas inserting the same claims in opposite orders deadlock.
+        due = sorted(due, key=_claim_order)
         rows = self._run_query(
             "beat_claim",
             {
@@ -373,7 +376,7 @@ class PgLockSchedulerMixin:
         return {(entry, slot) for entry, slot in rows}
 
     def _confirm(self, sent: Iterable[Due]) -> None:
-        sent = list(sent)
+        sent = sorted(sent, key=_claim_order)  # rows updated in the claims' order
         if not sent:
             return
         self._run_query(
@@ -525,3 +528,7 @@ class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
     def info(self) -> str:
         mode = "leader election" if self.pglock_leader_mode else "active-active"
         return f"    . celery-pglock: {mode}, schema {self.pglock_settings.schema!r}"
+
+
+def _claim_order(item: Due) -> tuple[str, str]:
+    return (item.entry.name, item.slot)
