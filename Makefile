@@ -87,5 +87,11 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m benchmarks $(ARGS)
 
+## make chaos: one seeded chaos campaign (own PostgreSQL, Redis, PgBouncer on loopback ports);
+## SEED=N replays a campaign (default: random, printed), SECONDS=S of faults (default 120),
+## ARGS=--active-active for beat without leader election. Exit status 1 on any violation.
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) --seconds $(or $(SECONDS),120) $(ARGS)
+
 clean:
 	rm -rf $(VENV) $(COMPAT) .mypy_cache .ruff_cache .pytest_cache

@@ -116,7 +116,15 @@ def job(self: Any, key: str, hold: float = 0.0, gate: str | None = None, via: st
 def job_tx(
     self: Any, key: str, hold: float = 0.0, gate: str | None = None, via: str = "lock"
 ) -> int:
-    """Transaction scope: the execution row commits with the ledger row, or not at all."""
+    """Transaction scope: the execution row commits with the ledger row, or not at all.
+
+    ``via="first"``: record first, then wait for the gate and return without another
+    statement (a test may end the session meanwhile: only the commit then finds out).
+    """
+    if via == "first":
+        record_done(self)
+        wait_for_file(gate)
+        return int(self.pglock.token)
     wait_for_file(gate)
     time.sleep(hold)
     record_done(self)

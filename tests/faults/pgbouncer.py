@@ -41,6 +41,8 @@ max_client_conn = 500
 default_pool_size = 20
 ignore_startup_parameters = extra_float_digits,options
 server_reset_query = DISCARD ALL
+# After a failed server login (PostgreSQL restarting) refuse clients for 1 s, not 15.
+server_login_retry = 1
 logfile =
 pidfile =
 """
@@ -72,19 +74,32 @@ class PgBouncer:
         )
         ini = self.dir / "pgbouncer.ini"
         ini.write_text(INI.format(target=target, port=self.port, auth_file=self.dir / "users.txt"))
-        argv = [binary, str(ini)]
+        self.argv = [binary, str(ini)]
         if os.geteuid() == 0:  # PgBouncer refuses to run as root
             account = _unprivileged_account()
             os.chown(self.dir, account.pw_uid, account.pw_gid)
-            argv[1:1] = ["-u", account.pw_name]
-        with log_path.open("ab") as log:
-            self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.argv[1:1] = ["-u", account.pw_name]
         self.log_path = log_path
+        self._launch()
+
+    def _launch(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until(self._answers, timeout=START_TIMEOUT, message="pgbouncer to answer")
         except AssertionError as exc:
             self.stop()
-            raise PgBouncerUnavailable(f"{exc}: {log_path.read_text()[-2000:]}") from None
+            raise PgBouncerUnavailable(f"{exc}: {self.log_path.read_text()[-2000:]}") from None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def restart(self) -> None:
+        """Stop (immediate shutdown: every client and server connection is closed) and start
+        again on the same port with the same configuration; return once it answers."""
+        self._terminate()
+        self._launch()
 
     def dsn_for(self, database: str) -> str:
         """The DSN of ``database`` ("tx" or "session") through this PgBouncer."""
@@ -103,6 +118,10 @@ class PgBouncer:
 
     def stop(self) -> None:
         """SIGTERM (immediate shutdown), SIGKILL if it lingers; remove its files."""
+        self._terminate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _terminate(self) -> None:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
             try:
@@ -110,7 +129,6 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _unprivileged_account() -> pwd.struct_passwd:

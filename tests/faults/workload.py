@@ -52,7 +52,9 @@ READY_TIMEOUT = 30.0  # seconds for a worker or beat to come up; the machine is 
 SETTLE_TIMEOUT = 60.0  # seconds for sent messages to reach a final state
 GONE_TIMEOUT = 10.0  # seconds for the server to end the sessions of stopped processes
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "SKIPPED"})
-_OUR_SESSION = re.compile(r"^(?:celery-pglock\S* (\d+)@|pglock (\d+) )")
+# "celery-pglock <pid>@host" (pooled), "celery-pglock beat leader|standby <pid>@host",
+# "pglock <pid> <task id> <host>" (a holder).
+_OUR_SESSION = re.compile(r"^(?:celery-pglock(?: beat \w+)? (\d+)@|pglock (\d+) )")
 
 #: label -> seconds, for every recovery measured in this session (printed at the end).
 MEASUREMENTS: dict[str, float] = {}
@@ -107,9 +109,11 @@ class Workload:
         redis_url: str,
         procs: Procs,
         schema: str | None = None,
+        app: str = APP,
         **extra: Any,
     ) -> None:
         self.name = name
+        self.app = app
         self.admin_dsn = admin_dsn
         self.schema = schema or f"t_{uuid.uuid4().hex[:12]}"
         self.namespace = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -133,6 +137,7 @@ class Workload:
         self.gates = procs.log_dir / "gates"
         self.gates.mkdir(exist_ok=True)
         self.exit_codes: dict[str, int] = {}
+        self.ready_lines: dict[int, str] = {}  # worker pid -> the log line saying it consumes
         self._count = 0
 
     # -- processes -----------------------------------------------------------------------
@@ -146,13 +151,20 @@ class Workload:
         configure_client(self.env)
 
     def worker(
-        self, label: str = "w", *, concurrency: int = 2, queue: str | None = None, **env: str
+        self,
+        label: str = "w",
+        *,
+        concurrency: int = 2,
+        queue: str | None = None,
+        wait: bool = True,
+        **env: str,
     ) -> Proc:
-        """Start a prefork worker on ``queue`` (default: this workload's); wait until ready."""
+        """Start a prefork worker on ``queue`` (default: this workload's); wait until ready
+        (``wait=False``: return at once, see ``worker_ready``)."""
         queue = queue or self.env["TEST_QUEUE"]
         node = f"{label}-{queue}"
         proc = self.procs.celery(
-            APP,
+            self.app,
             "worker",
             *("-P", "prefork", "-c", str(concurrency), "-n", f"{node}@%h"),
             *("--without-gossip", "--without-mingle", "--without-heartbeat"),
@@ -160,18 +172,24 @@ class Workload:
             env={**self.env, **env},
             name=f"worker-{label}",
         )
-        proc.wait_for_log(f"{node}@{HOSTNAME} ready.", timeout=READY_TIMEOUT)
+        self.ready_lines[proc.pid] = f"{node}@{HOSTNAME} ready."
         self.workers.append(proc)
-        self.track()
+        if wait:
+            proc.wait_for_log(self.ready_lines[proc.pid], timeout=READY_TIMEOUT)
+            self.track()
         return proc
 
-    def beat(self, label: str = "b", *, lead: bool = True, **env: str) -> Proc:
+    def worker_ready(self, proc: Proc) -> bool:
+        """Whether a worker started with ``wait=False`` consumes by now."""
+        return self.ready_lines[proc.pid] in proc.log_text()
+
+    def beat(self, label: str = "b", *, lead: bool | None = True, **env: str) -> Proc:
         """Start a beat replica sending ``faults.periodic`` every second.
 
-        ``lead``: wait until it leads (else until it stands by).
+        ``lead``: wait until it leads (False: until it stands by; None: do not wait).
         """
         proc = self.procs.celery(
-            APP,
+            self.app,
             "beat",
             "-l",
             "info",
@@ -182,7 +200,7 @@ class Workload:
         self.pids.add(proc.pid)
         if lead:
             proc.wait_for_log("is now the leader", timeout=READY_TIMEOUT)
-        else:
+        elif lead is False:
             self.wait_for(
                 lambda: self.standing_by(proc),
                 timeout=READY_TIMEOUT,
@@ -232,10 +250,12 @@ class Workload:
 
         return wait_until(checked, timeout=timeout, interval=0.02, message=message)
 
-    def drain(self, timeout: float = SETTLE_TIMEOUT) -> None:
+    def drain(self, timeout: float = SETTLE_TIMEOUT, *, rows: bool = True) -> None:
         """Once beat stopped: let the workers finish what is queued or waiting for a retry.
 
-        What is still unresolved at the deadline is left for the checker to report.
+        ``rows=False``: wait for the messages only, not for every ledger row to resolve (a
+        row nothing will resolve would hold the drain for ``timeout``). What is still
+        unresolved at the deadline is left for the checker to report.
         """
 
         def unresolved() -> list[str]:
@@ -250,7 +270,7 @@ class Workload:
                 skips=self.skips(),
                 metas=self.metas(ids),
             )
-            return report.unresolved + report.unsettled
+            return (report.unresolved if rows else []) + report.unsettled
 
         with contextlib.suppress(AssertionError):
             wait_until(lambda: not unresolved(), timeout=timeout, interval=0.2, message="drain")
@@ -263,13 +283,15 @@ class Workload:
         self.exit_codes[proc.name] = code
         return code
 
-    def stop(self) -> None:
-        """SIGTERM everything, beat first, as an operator would; note the exit codes."""
+    def stop(self, *, drain_rows: bool = True) -> None:
+        """SIGTERM everything, beat first, as an operator would; note the exit codes.
+
+        Before the workers stop they drain (``drain(rows=drain_rows)``)."""
         self.track()
         self.pids.update(row["pid"] for row in self.executions())
         for group in (self.beats, self.workers):
             if group is self.workers:
-                self.drain()
+                self.drain(rows=drain_rows)
             for proc in group:
                 self.stopping.add(proc.pid)
                 proc.terminate()
@@ -556,16 +578,21 @@ def open_sessions(dsn: str, pids: set[int], timeout: float = GONE_TIMEOUT) -> li
         """
         with psycopg.connect(dsn, autocommit=True) as conn:
             rows = conn.execute(query).fetchall()
-        found = []
-        for backend, name, state in rows:
-            match = _OUR_SESSION.match(name or "")
-            if match and int(match.group(1) or match.group(2)) in pids:
-                found.append(f"backend {backend}: {name!r} ({state})")
-        return found
+        return [
+            f"backend {backend}: {name!r} ({state})"
+            for backend, name, state in rows
+            if session_pid(name) in pids
+        ]
 
     with contextlib.suppress(AssertionError):
         wait_until(lambda: not ours(), timeout=timeout, interval=0.1, message="sessions to end")
     return ours()
+
+
+def session_pid(application_name: str | None) -> int | None:
+    """The client pid a celery-pglock session's ``application_name`` names, if it is one."""
+    match = _OUR_SESSION.match(application_name or "")
+    return int(match.group(1) or match.group(2)) if match else None
 
 
 def log_time(line: str) -> float:

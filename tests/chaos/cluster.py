@@ -1,0 +1,341 @@
+"""The system under test: servers of the campaign's own and its beat and worker processes.
+
+Everything runs on loopback ports of its own and is stopped by pid at the end: an embedded
+PostgreSQL (``celery_pglock.embedded``), a ``redis-server`` (broker, results, the record
+of published messages), a PgBouncer in transaction pooling when installed, and a TCP
+proxy. The machine's shared servers are never touched.
+
+Processes (``tests.faults.workload.Workload`` of ``tests.chaos.chaosapp``):
+
+- beat replicas ``b1``-``b3`` (``PgLockScheduler``; leader election, or active-active);
+- prefork workers (``-c 2``, ``acks_late``, ``reject_on_worker_lost``) ``w1`` and ``w2``
+  straight to PostgreSQL, ``wp`` through the proxy, and ``wtx`` through PgBouncer's
+  transaction pooling on a queue of its own (the transaction-scope entry ``tx``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from celery_pglock.embedded import EmbeddedPostgres
+from tests.chaos import chaosapp
+from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.faults.workload import Workload, session_pid
+from tests.fixtures.procs import Proc, Procs
+from tests.fixtures.proxy import TcpProxy
+from tests.fixtures.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.chaos.chaosapp"
+BEATS = ("b1", "b2", "b3")
+# seconds: the app's pglock_lease (the long task has its own, 3 s). A frozen or partitioned
+# holder keeps its lock this long: every slot of its lock due meanwhile is skipped `locked`.
+TASK_LEASE = 2.0
+BEAT_LEASE = 5.0
+CONCURRENCY = 2
+POOLER_USER = "chaos_pooler"  # PgBouncer's role: its server sessions are told apart by it
+RECORD_DB = 2  # Redis database of the record of published messages
+RECORD_KEY = "chaos:published"
+
+# Who connected and disconnected when, with pid and application name: the evidence.
+SERVER_LOG = {
+    "log_connections": "on",
+    "log_disconnections": "on",
+    "log_line_prefix": "%m [%p] %a ",
+}
+LIBRARY_SESSIONS = """
+SELECT a.pid AS backend, a.application_name, a.usename, a.state,
+       EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted) AS holds_lock
+  FROM pg_stat_activity a
+ WHERE a.datname = current_database()
+   AND (a.application_name LIKE 'celery-pglock%%' OR a.application_name LIKE 'pglock %%')
+ ORDER BY a.pid
+"""
+LEADER_SESSION = """
+SELECT application_name FROM pg_stat_activity
+ WHERE application_name LIKE 'celery-pglock beat leader %%' ORDER BY backend_start
+"""
+ADVISORY_LOCKS = """
+SELECT (l.classid::bigint << 32) | l.objid::bigint AS key, l.pid AS backend,
+       a.application_name, a.usename
+  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+"""
+RUNNING_ROWS = """
+SELECT r.lock_name, r.slot, r.token, r.pid, r.backend_pid,
+       EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                  AND l.pid = r.backend_pid
+                  AND l.classid = ((r.lock_key >> 32) & 4294967295)::oid
+                  AND l.objid = (r.lock_key & 4294967295)::oid) AS held
+  FROM {runs} r WHERE r.state = 'running'
+"""
+OPEN_EXECUTIONS = """
+SELECT task, lock_name, slot, token, pid FROM {executions}
+ WHERE ended_at IS NULL AND token IS NOT NULL ORDER BY token
+"""
+
+
+@dataclass
+class WorkerSpec:
+    queue: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Cluster:
+    """Servers and processes of one campaign, in ``workdir``."""
+
+    def __init__(self, workdir: Path, *, active_active: bool) -> None:
+        self.workdir = workdir
+        self.active_active = active_active
+        self.procs = Procs(workdir / "logs", cwd=ROOT)
+        self.pg = EmbeddedPostgres()
+        self.redis: RedisServer | None = None
+        self.bouncer: PgBouncer | None = None
+        self.bouncer_missing = ""
+        self.proxy: TcpProxy | None = None
+        self.w: Workload | None = None
+        self.beats: dict[str, Proc] = {}
+        self.workers: dict[str, Proc] = {}
+        self.specs: dict[str, WorkerSpec] = {}
+        self.started_at: dict[int, float] = {}  # pid -> when we started it (monotonic)
+        self.deaths: dict[int, float] = {}  # pid -> when we killed it (epoch)
+        self.frozen: set[int] = set()
+        self.owners: dict[int, str] = {}  # pid -> which process it is (for the evidence)
+        self.blackholes = 0  # blackholes in force on the proxy (they may overlap)
+
+    # -- servers ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the servers and the proxy, create the schema; no process yet."""
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.pg.start()
+        # After the first start: set_config on a server never started is overwritten when
+        # the first start copies the template cluster (embedded.py).
+        self.pg.set_config(**SERVER_LOG)
+        self.redis = RedisServer(self.workdir / "logs" / "redis.log")
+        with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(POOLER_USER))
+            )
+        pooler_dsn = self.pg.dsn.replace("postgresql://postgres@", f"postgresql://{POOLER_USER}@")
+        try:
+            self.bouncer = PgBouncer(pooler_dsn, self.workdir / "logs" / "pgbouncer.log")
+        except PgBouncerUnavailable as exc:
+            self.bouncer_missing = str(exc)
+        self.proxy = TcpProxy("127.0.0.1", self.pg.port)
+        record_url = f"redis://127.0.0.1:{self.redis.port}/{RECORD_DB}"
+        self.w = Workload(
+            name="chaos",
+            admin_dsn=self.pg.dsn,
+            app_dsn=self.pg.dsn,
+            redis_url=self.redis.url,
+            procs=self.procs,
+            app=APP,
+            TEST_ACKS_LATE="1",
+            TEST_LEASE=TASK_LEASE,
+            TEST_BEAT_LEASE=BEAT_LEASE,
+            TEST_BEAT_LEADER="0" if self.active_active else "1",
+            CHAOS_RECORD_URL=record_url,
+            CHAOS_RECORD_KEY=RECORD_KEY,
+        )
+        queue = self.w.env["TEST_QUEUE"]
+        self.specs = {"w1": WorkerSpec(queue), "w2": WorkerSpec(queue)}
+        self.specs["wp"] = WorkerSpec(queue, {"PGLOCK_DSN": self.proxy.proxied_dsn(self.pg.dsn)})
+        if self.bouncer is not None:
+            tx_queue = f"{queue}-tx"
+            self.w.env["CHAOS_TX_QUEUE"] = tx_queue
+            self.specs["wtx"] = WorkerSpec(tx_queue, {"PGLOCK_DSN": self.bouncer.dsn_for("tx")})
+        self.w.prepare()
+        with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
+            chaosapp.create_tables(conn)
+
+    def close(self) -> None:
+        """Stop every process, then the proxy and the servers (by pid)."""
+        errors: list[BaseException] = []
+        for stop in (
+            self.procs.stop_all,
+            *(p.stop for p in [self.proxy] if p),
+            *(b.stop for b in [self.bouncer] if b),
+            *(r.stop for r in [self.redis] if r),
+            self._keep_server_log,
+            self.pg.close,
+        ):
+            try:
+                stop()
+            except Exception as exc:  # stop the others anyway
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _keep_server_log(self) -> None:
+        with contextlib.suppress(OSError):
+            shutil.copy(self.pg.log_path, self.workdir / "logs" / "postgresql.log")
+
+    @property
+    def workload(self) -> Workload:
+        assert self.w is not None, "start() first"
+        return self.w
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.pg.dsn
+
+    @property
+    def record_url(self) -> str:
+        assert self.redis is not None
+        return f"redis://127.0.0.1:{self.redis.port}/{RECORD_DB}"
+
+    # -- processes -------------------------------------------------------------------------
+
+    def start_beat(self, label: str) -> Proc:
+        current = self.beats.get(label)
+        if current is not None and current.alive:
+            return current
+        proc = self.workload.beat(label, lead=None)
+        self.beats[label] = proc
+        self.started_at[proc.pid] = time.monotonic()
+        return proc
+
+    def start_worker(self, label: str) -> Proc:
+        current = self.workers.get(label)
+        if current is not None and current.alive:
+            return current
+        spec = self.specs[label]
+        proc = self.workload.worker(
+            label, concurrency=CONCURRENCY, queue=spec.queue, wait=False, **spec.env
+        )
+        self.workers[label] = proc
+        self.started_at[proc.pid] = time.monotonic()
+        return proc
+
+    def ready(self, proc: Proc) -> bool:
+        """A worker consumes; a beat replica leads, stands by, or (active-active) ticks."""
+        if proc in self.workers.values():
+            return self.workload.worker_ready(proc)
+        text = proc.log_text()
+        if self.active_active:
+            return "Sending due task" in text
+        return "is now the leader" in text or self.workload.standing_by(proc)
+
+    def live_beats(self) -> list[tuple[str, Proc]]:
+        return [(label, proc) for label, proc in sorted(self.beats.items()) if proc.alive]
+
+    def live_workers(self) -> list[tuple[str, Proc]]:
+        return [(label, proc) for label, proc in sorted(self.workers.items()) if proc.alive]
+
+    def track(self) -> None:
+        """Remember every pid of our processes and what it is (pool processes come and go)."""
+        self.workload.track()
+        for proc in [*self.beats.values(), *self.workers.values()]:
+            self.owners.setdefault(proc.pid, proc.name)
+            for child in proc.children() if proc.alive else []:
+                self.owners.setdefault(child, f"{proc.name} pool process")
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL a process and its descendants, as a dying container."""
+        family = [proc.pid, *proc.descendants()]
+        self.track()
+        self.workload.killed.add(proc.pid)
+        proc.kill(tree=True)
+        now = time.time()
+        for pid in family:
+            self.deaths[pid] = now
+            self.frozen.discard(pid)
+
+    def kill_pid(self, pid: int) -> None:
+        """SIGKILL one process (a pool process: its worker starts another)."""
+        self.workload.pids.add(pid)
+        self.signal_pid(pid, signal.SIGKILL)
+        self.deaths[pid] = time.time()
+
+    @staticmethod
+    def signal_pid(pid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+    def pool_processes(self) -> set[int]:
+        return {pid for _, proc in self.live_workers() for pid in proc.children()}
+
+    def lease_of(self, task: str) -> float:
+        return chaosapp.LONG_LEASE if task == "chaos.long" else TASK_LEASE
+
+    # -- what the server says ----------------------------------------------------------------
+
+    def query(self, text: str | sql.Composable, params: Any = None) -> list[dict[str, Any]]:
+        with (
+            psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=3) as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            return cur.execute(text, params).fetchall()  # type: ignore[arg-type]
+
+    def table(self, name: str) -> sql.Identifier:
+        return sql.Identifier(self.workload.schema, name)
+
+    def leader_pid(self) -> int | None:
+        """The pid of the beat replica whose session holds leadership (None: none, or down)."""
+        if self.active_active:
+            return None
+        try:
+            rows = self.query(LEADER_SESSION)
+        except psycopg.OperationalError:
+            return None
+        return session_pid(rows[0]["application_name"]) if rows else None
+
+    def running_tasks(self) -> list[dict[str, Any]]:
+        """Executions running now in a live, unfrozen pool process, oldest token first."""
+        try:
+            rows = self.query(sql.SQL(OPEN_EXECUTIONS).format(executions=self.table("executions")))
+        except psycopg.Error:
+            return []
+        pool = self.pool_processes() - self.frozen - set(self.deaths)
+        return [row for row in rows if row["pid"] in pool]
+
+    def wait_for_running(self, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.running_tasks()
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def library_sessions(self) -> list[dict[str, Any]]:
+        try:
+            return self.query(LIBRARY_SESSIONS)
+        except psycopg.OperationalError:
+            return []
+
+    def advisory_locks(self) -> list[dict[str, Any]]:
+        return self.query(ADVISORY_LOCKS)
+
+    def running_rows(self) -> list[dict[str, Any]]:
+        return self.query(sql.SQL(RUNNING_ROWS).format(runs=self.table("pglock_runs")))
+
+    def open_executions(self) -> list[dict[str, Any]]:
+        return self.query(sql.SQL(OPEN_EXECUTIONS).format(executions=self.table("executions")))
+
+    def fenced_writes(self) -> list[dict[str, Any]]:
+        return self.query(
+            sql.SQL("SELECT * FROM {} ORDER BY id").format(self.table("fenced_writes"))
+        )
+
+
+def alive(pid: int) -> bool:
+    """A process exists and is not a zombie (a frozen one is alive)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -1,0 +1,77 @@
+"""Short chaos campaigns with fixed seeds (what CI runs); one more with a seed of your choice.
+
+Each campaign starts its own PostgreSQL, Redis and PgBouncer on loopback ports, injects
+the faults its seed draws for ``SECONDS`` seconds, goes quiet, drains and checks every
+invariant (see ``tests/chaos/invariants.py``). ``PGLOCK_CHAOS_SEED=N`` (or ``random``)
+adds a campaign with that seed, printed in the test id and the output:
+
+    PGLOCK_CHAOS_SEED=random .venv/bin/pytest -m chaos -k chosen -s
+
+A campaign whose only violations are evidence of a known, reported library defect (see
+``invariants.KNOWN_DEFECTS`` and ``test_regressions.py``) is an expected failure, so the
+known defect is shown and any other violation still fails.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import pytest
+
+from celery_pglock.embedded import EmbeddedPostgresError
+from tests.chaos import invariants
+from tests.chaos.campaign import Campaign, Options
+from tests.fixtures.redis_server import RedisUnavailable
+from tests.fixtures.services import required_services, unavailable
+
+pytestmark = pytest.mark.chaos
+
+SECONDS = 30.0  # of faults per campaign: two of them take about two minutes on 2 cores
+QUIET = 12.0  # seconds: beyond the beat leader's 10-s sweep of abandoned rows
+FIXED = [
+    pytest.param(4242, False, id="leader-seed-4242"),
+    pytest.param(1717, True, id="active-active-seed-1717"),
+]
+
+
+def chosen() -> list[object]:
+    raw = os.environ.get("PGLOCK_CHAOS_SEED", "").strip()
+    if not raw:
+        return []
+    seed = secrets.randbelow(1_000_000) if raw == "random" else int(raw)
+    return [pytest.param(seed, False, id=f"chosen-seed-{seed}")]
+
+
+def run_campaign(seed: int, active_active: bool, workdir: Path) -> None:
+    if shutil.which("pgbouncer") is None and "pgbouncer" in required_services():
+        pytest.fail("pgbouncer is not installed but PGLOCK_TEST_REQUIRE lists it", pytrace=False)
+    lines: list[str] = []
+    options = Options(
+        seed=seed,
+        seconds=SECONDS,
+        quiet=QUIET,
+        active_active=active_active,
+        workdir=workdir,
+        out=lines.append,
+    )
+    try:
+        outcome = Campaign(options).run()
+    except RedisUnavailable as exc:
+        unavailable("redis", str(exc))
+    except EmbeddedPostgresError as exc:
+        unavailable("postgres", f"embedded server unavailable: {exc}")
+    print("\n".join(lines))
+    report = "\n".join(lines)
+    assert [] == [str(v) for v in outcome.unknown_violations], report
+    if outcome.violations:
+        names = sorted({d.name for v in outcome.violations if (d := invariants.known_defect(v))})
+        pytest.xfail(f"seed {seed}: only known defects {names} showed: {outcome.last_line}")
+
+
+@pytest.mark.parametrize(("seed", "active_active"), FIXED + chosen())
+def test_a_campaign_keeps_every_promise(seed: int, active_active: bool, tmp_path: Path) -> None:
+    """A short campaign with this seed (faults mixed at random) ends with 0 violations."""
+    run_campaign(seed, active_active, tmp_path)
