@@ -90,6 +90,8 @@ class _Running(threading.local):
         self.leases: dict[str, list[Lease]] = {}
         # A running execution's own retry, by task id, published once its lock is freed.
         self.retries: dict[str, Callable[[], Any]] = {}
+        # The requests (by id) whose body runs in this thread: the tracer's call of each.
+        self.bodies: set[int] = set()
 
 
 _running = _Running()
@@ -134,6 +136,8 @@ class PgLockMixin:
     app: Celery
     name: str
     request: Any
+    request_stack: Any
+    run: Callable[..., Any]
     update_state: Callable[..., None]
     send_event: Callable[..., None]
     retry: Callable[..., Any]
@@ -159,11 +163,11 @@ class PgLockMixin:
         if self.name.startswith(BUILTIN_PREFIX):
             # With task_cls = PgLockTask, Celery's own tasks (chord_unlock, backend_cleanup)
             # inherit this class too; locking them would stall chords.
-            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+            return self._pglock_body(args, kwargs)
         options = self.pglock_options()
         slot = self._pglock_slot(options, args, kwargs)
         if slot is None and options.scheduled_only:
-            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+            return self._pglock_body(args, kwargs)
         lock_name = self._pglock_name(options, args, kwargs)
         entry = self._pglock_header(ENTRY_HEADER)
         claim = Claim(
@@ -192,7 +196,7 @@ class PgLockMixin:
         stack = _running.leases.setdefault(self.name, [])
         stack.append(lease)
         try:
-            result = super().__call__(*args, **kwargs)  # type: ignore[misc]
+            result = self._pglock_body(args, kwargs)
         except TaskSkipped as skipped:
             self._pglock_finish(db, lease, SUCCEEDED, f"skipped by the task: {skipped.reason}")
             self._pglock_report_skip(
@@ -207,6 +211,22 @@ class PgLockMixin:
         self._pglock_finish(db, lease, SUCCEEDED, None)
         _publish_retry(lease)
         return result
+
+    def _pglock_body(self, args: Any, kwargs: Any) -> Any:
+        """Run the task's body. Called by Celery's tracer, whose request (and task) are on
+        the stacks already: ``run`` directly, as the tracer does for a task without its own
+        ``__call__``. Called directly (``task()``): Celery's ``__call__`` pushes them."""
+        request = self.request_stack.top
+        bodies = _running.bodies
+        if request is None or request.called_directly or id(request) in bodies:
+            # A direct call, or one nested in this request's own body (a task calling
+            # itself): Celery's __call__ pushes the call's own request.
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        bodies.add(id(request))
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            bodies.discard(id(request))
 
     def _pglock_finish(self, db: Database, lease: Lease, state: str, reason: str | None) -> None:
         released = release(db, lease, state, reason)
@@ -380,7 +400,7 @@ class PgLockMixin:
                 exc,
                 extra={"action": "pglock_ran_unlocked"},
             )
-            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+            return self._pglock_body(args, kwargs)
         if policy == "fail" or self.request.called_directly or self.request.is_eager:
             logger.log(
                 _outage.failed(),
