@@ -27,13 +27,14 @@ import psycopg
 
 from celery_pglock import signals, unwaited
 from celery_pglock.config import Scope
-from celery_pglock.db import Connection, Database, application_name, translate_error
+from celery_pglock.db import Connection, Database, application_name, connect, translate_error
 from celery_pglock.errors import DatabaseUnavailable, LockLost
 from celery_pglock.ledger import (
     Claim,
     Skip,
     holder_application_name,
     log_skip,
+    record_failure_after_rollback,
     record_outcome,
     short_reason,
 )
@@ -414,12 +415,24 @@ def _release_unwaited(db: Database, lease: Lease) -> bool:
 
 def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None) -> bool:
     """The lock's connection broke at the end: keep the outcome if nobody took over."""
-    if lease.claim.slot is None or lease.scope == "transaction":
-        return False  # transaction scope: the outcome rolled back with the body
+    if lease.claim.slot is None:
+        return False
     try:
+        if lease.scope == "transaction":
+            _record_rolled_back(db, lease)
+            return False  # the outcome rolled back with the body: not recorded
         return record_outcome(db, lease.claim, lease.token, state, reason)
     except (psycopg.Error, OSError, DatabaseUnavailable):
         return False
+
+
+def _record_rolled_back(db: Database, lease: Lease) -> None:
+    """Transaction scope, the connection lost before the commit: the claim, the body's
+    writes and the outcome rolled back together; record the attempt failed, so that the
+    slot's row does not stay as it was before the attempt (it may run again)."""
+    reason = f"connection lost before the commit: {lease.lost_cause}"
+    with connect(db.settings) as conn:
+        record_failure_after_rollback(conn, db, lease.claim, lease.token, short_reason(reason))
 
 
 def abandon(db: Database, lease: Lease) -> None:
