@@ -249,8 +249,8 @@ class Cluster:
         family = [proc.pid, *proc.descendants()]
         self.track()
         self.workload.killed.add(proc.pid)
+        now = time.time()  # taken before: a standby may lead before kill() returns
         proc.kill(tree=True)
-        now = time.time()
         for pid in family:
             self.deaths[pid] = now
             self.frozen.discard(pid)
@@ -258,8 +258,8 @@ class Cluster:
     def kill_pid(self, pid: int) -> None:
         """SIGKILL one process (a pool process: its worker starts another)."""
         self.workload.pids.add(pid)
-        self.signal_pid(pid, signal.SIGKILL)
         self.deaths[pid] = time.time()
+        self.signal_pid(pid, signal.SIGKILL)
 
     @staticmethod
     def signal_pid(pid: int, sig: signal.Signals) -> None:

@@ -167,8 +167,8 @@ def terminate_backend(fault: Fault, cluster: Cluster) -> Hit:
         return Hit(None, {"why": "no library session"})
     session = fault.choose(pool)
     with psycopg.connect(cluster.admin_dsn, autocommit=True) as conn:
+        ended_at = time.time()  # before: a standby may lead before the call returns
         conn.execute("SELECT pg_terminate_backend(%s)", (session["backend"],))
-        ended_at = time.time()
     name = session["application_name"] or ""
     detail = {"backend": session["backend"], "session": name, "holds_lock": session["holds_lock"]}
     leader = " beat leader " in name

@@ -23,7 +23,7 @@
   outcome rolled back with the body"), so the task fails with ``LockLost`` and the slot's
   row stays as it was (``scheduled``, or none). Rare in a campaign (the window is the
   release's round trip), certain here: the body writes, then waits while the test ends its
-  session, then returns. An expected failure (strict) until the library records it.
+  session, then returns. Fixed: the attempt is recorded failed on a fresh connection.
 """
 
 from __future__ import annotations
@@ -172,10 +172,6 @@ def backend_gone(dsn: str, backend: int) -> bool:
         return row.fetchone() is None
 
 
-@pytest.mark.xfail(
-    reason="celery_pglock/locks.py _recover_outcome returns False at once for transaction "
-    "scope: a run whose connection died before its commit is never recorded failed",
-)
 def test_transaction_scope_run_whose_connection_died_before_commit_is_recorded_failed(
     private_pg: EmbeddedPostgres, procs: Procs, redis_url: str
 ) -> None:

@@ -264,13 +264,17 @@ def test_slot_success_counts_succeeded_slots_of_the_entries_sent() -> None:
     assert "f" == invariants.success_violation(18, 20)[0].invariant
 
 
-def test_a_shortfall_explained_by_deadlocked_claims_names_the_known_defect() -> None:
-    """92 of 100 with 2 deadlocks (4 slots) is explained; with 1 deadlock it is not."""
-    [explained] = invariants.success_violation(92, 100, deadlocks=2)
-    [unexplained] = invariants.success_violation(92, 100, deadlocks=1)
-    assert ["D2", None] == [
-        getattr(invariants.known_defect(v), "name", None) for v in (explained, unexplained)
-    ]
+def test_a_shortfall_names_the_deadlocked_claims_and_is_no_known_defect() -> None:
+    """Deadlocked claims are named as evidence; D2 is fixed, so it is a plain violation."""
+    [found] = invariants.success_violation(92, 100, deadlocks=2)
+    assert "2 beat claims deadlocked" in found.text
+    assert invariants.known_defect(found) is None
+
+
+def test_with_no_defect_open_every_violation_counts() -> None:
+    """D1-D3 are fixed: a `tx` slot left `scheduled` is a violation, not a known defect."""
+    tx = invariants.Violation("g", "ns:chaos.tx 2026-01-01T00:00:00Z: left scheduled (token 1)")
+    assert invariants.known_defect(tx) is None
 
 
 def test_failover_gaps_and_the_largest_hole_between_slots() -> None:
