@@ -438,7 +438,7 @@ def _record_failure_in_transaction_scope(db: Database, lease: Lease, reason: str
     conn = lease.connection
     try:
         conn.rollback()
-    except psycopg.OperationalError:
+    except psycopg.Error:  # behind PgBouncer a dead server can answer InternalError
         if not conn.closed and not conn.broken:
             raise
         with connect(db.settings) as fresh:
