@@ -24,6 +24,13 @@
   row stays as it was (``scheduled``, or none). Rare in a campaign (the window is the
   release's round trip), certain here: the body writes, then waits while the test ends its
   session, then returns. Fixed: the attempt is recorded failed on a fresh connection.
+- D4, seed 505 after the fix of D1: behind PgBouncer's transaction pooling the same run
+  is still not recorded when its body failed for another reason after the server
+  restarted: the rollback on the lock's connection reads PgBouncer's buffered error and
+  its own, and psycopg raises ``InternalError("received 2 results from command
+  'ROLLBACK'")``, not the ``OperationalError`` that ``_record_failure_in_transaction_scope``
+  catches. Certain here: the body waits while the server restarts, then raises without a
+  statement. Fixed: any error that leaves the connection closed or broken is handled alike.
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ from celery_pglock.embedded import EmbeddedPostgres
 from celery_pglock.keys import lock_key, split_key
 from celery_pglock.schema import Tables
 from tests.chaos import chaosapp
+from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
 from tests.faults.workload import Workload
 from tests.fixtures.procs import Procs, wait_until
+from tests.fixtures.services import unavailable
 
 pytestmark = pytest.mark.chaos
 
@@ -209,4 +218,40 @@ def test_transaction_scope_run_whose_connection_died_before_commit_is_recorded_f
     w.settle([sent])
     rows = [(r["slot"], r["state"]) for r in w.ledger() if r["lock_name"] == sent.lock]
     assert ("FAILURE", "LockLost") == (sent.result.state, type(sent.result.result).__name__)
+    assert [(SLOT, "failed")] == rows
+
+
+def test_transaction_scope_run_behind_pgbouncer_failing_after_a_restart_is_recorded_failed(
+    private_pg: EmbeddedPostgres, procs: Procs, redis_url: str
+) -> None:
+    """Behind PgBouncer, a transaction-scope run that fails after its server restarted
+    leaves its slot `failed`."""
+    try:
+        bouncer = PgBouncer(private_pg.dsn, procs.log_dir / "pgbouncer.log")
+    except PgBouncerUnavailable as exc:
+        unavailable("pgbouncer", str(exc))
+    try:
+        w = Workload(
+            name="txbouncer",
+            admin_dsn=private_pg.dsn,
+            app_dsn=bouncer.dsn_for("tx"),
+            redis_url=redis_url,
+            procs=procs,
+        )
+        w.prepare()
+        w.worker("tx", concurrency=1)
+        gate, key = w.gate(), w.key("tx")
+        [sent] = w.send(key, slot=SLOT, task="faults.job_tx", gate=str(gate), via="fail")
+        wait_until(
+            lambda: holder_backend(private_pg.dsn, sent.lock),
+            timeout=DEADLINE,
+            message="the run to hold its lock",
+        )
+        private_pg.restart("fast")
+        gate.touch()
+        w.settle([sent])
+        rows = [(r["slot"], r["state"]) for r in w.ledger() if r["lock_name"] == sent.lock]
+    finally:
+        bouncer.stop()
+    assert "FAILURE" == sent.result.state
     assert [(SLOT, "failed")] == rows

@@ -120,11 +120,16 @@ def job_tx(
 
     ``via="first"``: record first, then wait for the gate and return without another
     statement (a test may end the session meanwhile: only the commit then finds out).
+    ``via="fail"``: wait for the gate, then raise without a statement (only the rollback
+    then meets the lock's connection).
     """
     if via == "first":
         record_done(self)
         wait_for_file(gate)
         return int(self.pglock.token)
+    if via == "fail":
+        wait_for_file(gate)
+        raise RuntimeError("asked to fail after the gate")
     wait_for_file(gate)
     time.sleep(hold)
     record_done(self)

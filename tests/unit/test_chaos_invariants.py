@@ -272,7 +272,7 @@ def test_a_shortfall_names_the_deadlocked_claims_and_is_no_known_defect() -> Non
 
 
 def test_with_no_defect_open_every_violation_counts() -> None:
-    """D1-D3 are fixed: a `tx` slot left `scheduled` is a violation, not a known defect."""
+    """D1-D4 are fixed: a `tx` slot left `scheduled` is a violation, not a known defect."""
     tx = invariants.Violation("g", "ns:chaos.tx 2026-01-01T00:00:00Z: left scheduled (token 1)")
     assert invariants.known_defect(tx) is None
 
