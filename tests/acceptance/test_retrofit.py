@@ -27,13 +27,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 DEADLINE = 30.0  # seconds; generous, the machine runs other suites meanwhile
 SLOT = "2026-12-01T06:00:00Z"
 
-# The project as it was before the retrofit: broker, queue and schema from the test.
-APP_MODULE = """
-import os
-
-from celery import Celery
-
-app = Celery("{name}")
+# How the test's projects configure broker, queue and schema (``{name}``: the package).
+TEST_CONF = """
 app.conf.update(
     broker_url=os.environ["TEST_BROKER_URL"],
     result_backend=os.environ["TEST_RESULT_BACKEND"],
@@ -44,6 +39,17 @@ app.conf.update(
     imports=["{name}.tasks"],
 )
 """
+# The project as it was before the retrofit.
+APP_MODULE = (
+    """
+import os
+
+from celery import Celery
+
+app = Celery("{name}")
+"""
+    + TEST_CONF
+)
 TASKS_MODULE = """
 import os
 
@@ -288,16 +294,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")
 
 app = Celery("proj")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.update(
-    broker_url=os.environ["TEST_BROKER_URL"],
-    result_backend=os.environ["TEST_RESULT_BACKEND"],
-    task_default_queue=os.environ["TEST_QUEUE"],
-    broker_connection_retry_on_startup=True,
-    pglock_schema=os.environ["TEST_SCHEMA"],
-    pglock_namespace=os.environ["TEST_SCHEMA"],
-    imports=["proj.tasks"],
-)
-"""
+""" + TEST_CONF.format(name="proj")
 
 
 def test_django_setting_retrofits_and_keeps_django_task(project: Project) -> None:
