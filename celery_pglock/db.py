@@ -8,6 +8,7 @@ inherited pools (kept referenced, never closed or finalized) and builds its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -20,7 +21,7 @@ import psycopg
 from psycopg import sql, waiting
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from celery_pglock import schema
+from celery_pglock import schema, unwaited
 from celery_pglock.config import Settings, redact
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import lock_key
@@ -38,12 +39,14 @@ HOSTNAME = socket.gethostname()
 
 DEFAULT_POOL_SIZE = 4  # pglock_pool_size "auto" where tasks do not run as threads/greenlets
 
-_pools: dict[Settings, Database] = {}
+# By settings and whether connections are kept (see ``serve_tasks``).
+_pools: dict[tuple[Settings, bool], Database] = {}
 _abandoned: list[Database] = []  # inherited across fork: must never be closed here
 _pools_lock = threading.Lock()
 # pglock_pool_size "auto" in a worker whose tasks run as threads or greenlets of this
 # process: its concurrency, plus one. Set at worker start-up, forgotten in a forked child.
 _worker_pool_size: int | None = None
+_serving = False  # see serve_tasks
 
 
 def application_name(role: str = "") -> str:
@@ -96,9 +99,25 @@ def size_for_worker(settings: Settings, concurrency: int | None) -> int:
     with _pools_lock:
         _worker_pool_size = None if concurrency is None else max(1, concurrency) + 1
         for db in _pools.values():  # a pool opened before start-up (rare) follows too
-            if db.pid == os.getpid() and db.settings.pool_size is None:
+            if db.pid == os.getpid() and db.keep_connections and db.settings.pool_size is None:
                 db.pool.resize(min_size=db.pool.min_size, max_size=pool_size(db.settings))
     return pool_size(settings)
+
+
+def serve_tasks() -> None:
+    """This process runs a worker's tasks (set at start-up and in each prefork child).
+
+    Only then do locked tasks keep connections between runs (a pool) and the heartbeat
+    thread between leases. Anywhere else (eager and direct calls in a test suite, a
+    script) a locked run opens its own connection and closes it afterwards: no thread and
+    no server session of ours outlives the call (a test database can then be dropped).
+    """
+    global _serving  # noqa: PLW0603 - one process-wide fact, inherited by forked children
+    _serving = True
+
+
+def serving_tasks() -> bool:
+    return _serving
 
 
 def waits_block_greenlets() -> bool:
@@ -121,10 +140,15 @@ def connect(settings: Settings, **overrides: Any) -> Connection:
 
 
 class Database:
-    """This process's pool for one ``Settings``, plus what we learned about the server."""
+    """This process's pool for one ``Settings``, plus what we learned about the server.
 
-    def __init__(self, settings: Settings) -> None:
+    ``keep_connections=False``: no pool; each ``getconn`` opens a connection that
+    ``putconn`` closes (locked runs outside a worker, see ``serve_tasks``).
+    """
+
+    def __init__(self, settings: Settings, *, keep_connections: bool = True) -> None:
         self.settings = settings
+        self.keep_connections = keep_connections
         self.tables = schema.Tables(settings.schema, settings.table_prefix)
         self.pid = os.getpid()
         self._schema_ready = False
@@ -166,10 +190,13 @@ class Database:
                 self.server_version // 10000,
                 extra={"action": "pglock_lease_unavailable"},
             )
-        self.pool.open(wait=False)
+        if self.keep_connections:
+            self.pool.open(wait=False)
 
     def getconn(self) -> Connection:
         """A connection for one locked execution; give it back with ``putconn``."""
+        if not self.keep_connections:
+            return self._connect_once()
         parked = self.parking.take()
         if parked is not None:
             return parked
@@ -179,6 +206,15 @@ class Database:
             raise self._no_connection() from None
         finally:
             self.parking.stop_waiting()
+
+    def _connect_once(self) -> Connection:
+        conn = connect(self.settings)
+        try:
+            self._configure(conn)
+        except psycopg.Error as exc:
+            conn.close()
+            raise translate_error(exc, self.settings) from None
+        return conn
 
     def _no_connection(self) -> DatabaseUnavailable:
         """Why the pool gave no connection in time: the server's refusal (down, "too many
@@ -195,6 +231,9 @@ class Database:
 
     def putconn(self, conn: Connection, *, clean: bool) -> None:
         """Return ``conn``; ``clean`` says our release statement already freed its locks."""
+        if not self.keep_connections:
+            conn.close()  # the session ends: the server frees whatever it still held
+            return
         if not clean or conn.info.transaction_status != IDLE:
             self._reset(conn)
         if conn.closed:
@@ -204,6 +243,11 @@ class Database:
 
     def park_unwaited(self, conn: Connection) -> None:
         """Give back ``conn`` while the reply to its last statement is on its way."""
+        if not self.keep_connections:
+            with contextlib.suppress(psycopg.Error):  # else the session's end frees the lock
+                unwaited.read_reply(conn, self.settings.connect_timeout)
+            conn.close()
+            return
         self.parking.park(conn, pending=True)
 
     @contextmanager
@@ -324,17 +368,18 @@ def pooler_message(settings: Settings, what: str, fix: str) -> str:
     )
 
 
-def database(settings: Settings) -> Database:
+def database(settings: Settings, *, keep_connections: bool = True) -> Database:
     """This process's ``Database`` for ``settings``, opened on first use."""
-    found = _pools.get(settings)
+    key = (settings, keep_connections)
+    found = _pools.get(key)
     if found is not None and found.pid == os.getpid():
         return found
     with _pools_lock:
-        found = _pools.get(settings)
+        found = _pools.get(key)
         if found is None or found.pid != os.getpid():
-            found = Database(settings)
+            found = Database(settings, keep_connections=keep_connections)
             found.open()
-            _pools[settings] = found
+            _pools[key] = found
         return found
 
 

@@ -30,7 +30,7 @@ from celery_pglock.db import (
 )
 from celery_pglock.errors import PgLockError
 from celery_pglock.ledger import Claim
-from celery_pglock.locks import Lease, heartbeat
+from celery_pglock.locks import Lease, unwatch, watch
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -95,7 +95,7 @@ class LeaderElection:
         lease, self._lease = self._lease, None
         if lease is None:
             return
-        heartbeat().unregister(lease)
+        unwatch(lease)
         _close_quietly(lease.connection)
         logger.warning(
             "beat replica %s stepped down as leader: %s",
@@ -114,7 +114,7 @@ class LeaderElection:
             _cancel_quietly(waiting)
         lease, self._lease = self._lease, None
         if lease is not None:
-            heartbeat().unregister(lease)
+            unwatch(lease)
             _close_quietly(lease.connection)
         self._standby.set()
 
@@ -166,7 +166,7 @@ class LeaderElection:
         self._outage = False
         self._lease = granted
         if lease is not None:
-            heartbeat().register(granted)
+            watch(granted)
         logger.info(
             "beat replica %s is now the leader",
             replica_name(),

@@ -27,7 +27,14 @@ import psycopg
 
 from celery_pglock import signals, unwaited
 from celery_pglock.config import Scope
-from celery_pglock.db import Connection, Database, application_name, connect, translate_error
+from celery_pglock.db import (
+    Connection,
+    Database,
+    application_name,
+    connect,
+    serving_tasks,
+    translate_error,
+)
 from celery_pglock.errors import DatabaseUnavailable, LockLost
 from celery_pglock.ledger import (
     Claim,
@@ -70,6 +77,8 @@ MIN_PING_INTERVAL = 0.2
 # An idle heartbeat thread still wakes this often (seconds), so that registering a lease
 # whose pings are further apart never has to wake it.
 IDLE_WAKE = 5.0
+# How long ending the heartbeat thread waits for a ping in flight (seconds).
+HEARTBEAT_STOP_WAIT = 2.0
 
 
 @dataclass
@@ -196,8 +205,14 @@ class Heartbeat:
         self._leases: dict[int, Lease] = {}
         self._wake = threading.Condition()
         self._wake_at = 0.0  # when the thread wakes next; 0 while it is awake
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="pglock-heartbeat", daemon=True)
         self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        with self._wake:
+            return not self._leases
 
     def register(self, lease: Lease) -> None:
         with self._wake:
@@ -211,13 +226,23 @@ class Heartbeat:
         with self._wake:
             self._leases.pop(id(lease), None)
 
+    def stop(self, timeout: float) -> None:
+        """End the thread (it pings nothing more) and wait for it, at most ``timeout``."""
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
     def _run(self) -> None:
         while True:
             with self._wake:
                 wait = self._next_wait()
                 self._wake_at = time.monotonic() + wait
-                self._wake.wait(timeout=wait)
+                if not self._stopped:
+                    self._wake.wait(timeout=wait)
                 self._wake_at = 0.0
+                if self._stopped:
+                    return
                 due = [lease for lease in self._leases.values() if _due(lease)]
             for lease in due:
                 ping(lease)
@@ -244,12 +269,37 @@ _heartbeat_lock = threading.Lock()
 
 
 def heartbeat() -> Heartbeat:
-    """This process's heartbeat thread (threads do not survive fork: one per pid)."""
-    global _heartbeat  # noqa: PLW0603 - per-process singleton, recreated after fork
+    """This process's heartbeat thread."""
     with _heartbeat_lock:
-        if _heartbeat is None or _heartbeat.pid != os.getpid():
-            _heartbeat = Heartbeat()
-        return _heartbeat
+        return _current_heartbeat()
+
+
+def _current_heartbeat() -> Heartbeat:
+    global _heartbeat  # noqa: PLW0603 - per-process singleton, recreated after fork
+    if _heartbeat is None or _heartbeat.pid != os.getpid():  # threads do not survive fork
+        _heartbeat = Heartbeat()
+    return _heartbeat
+
+
+def watch(lease: Lease) -> None:
+    """Keep ``lease`` alive: this process's heartbeat thread pings it from now on."""
+    with _heartbeat_lock:  # never registered with a heartbeat that `unwatch` is stopping
+        _current_heartbeat().register(lease)
+
+
+def unwatch(lease: Lease) -> None:
+    """Stop pinging ``lease``. Outside a worker the thread ends with the last lease: a
+    locked call in a test suite or a script leaves no thread of ours behind it."""
+    global _heartbeat  # noqa: PLW0603
+    with _heartbeat_lock:
+        found = _heartbeat
+        if found is None or found.pid != os.getpid():
+            return
+        found.unregister(lease)
+        if serving_tasks() or not found.idle:
+            return
+        _heartbeat = None
+        found.stop(timeout=HEARTBEAT_STOP_WAIT)
 
 
 def acquire_fragments(scope: Scope, *, armed: bool, slotted: bool) -> dict[str, str]:
@@ -297,7 +347,7 @@ def acquire(
     if acquired and (claim.slot is None or attempts is not None):
         granted = Lease(claim, scope, conn, token, attempts, lease)
         if lease is not None:
-            heartbeat().register(granted)
+            watch(granted)
         return granted
     reason = "superseded" if newer_slot else "late" if late else "locked"
     return _skip(db, conn, claim, scope, held=bool(acquired), reason=reason, newer=newer_slot)
@@ -360,7 +410,7 @@ class Released:
 def release(db: Database, lease: Lease, state: str, reason: str | None = None) -> Released:
     """Record the attempt's outcome and free the lock; says if the lock was lost."""
     if lease.lease is not None:
-        heartbeat().unregister(lease)
+        unwatch(lease)
     lease.released = True
     conn = lease.connection
     if _release_unwaited(db, lease):
@@ -438,5 +488,5 @@ def _record_rolled_back(db: Database, lease: Lease) -> None:
 def abandon(db: Database, lease: Lease) -> None:
     """Give the connection back after the body's transaction failed (transaction scope)."""
     if lease.lease is not None:
-        heartbeat().unregister(lease)
+        unwatch(lease)
     db.putconn(lease.connection, clean=False)

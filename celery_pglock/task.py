@@ -32,6 +32,8 @@ from celery_pglock.db import (
     database,
     ensure_schema,
     pooler_message,
+    serve_tasks,
+    serving_tasks,
     size_for_worker,
     transaction_pooled,
     waits_block_greenlets,
@@ -182,7 +184,7 @@ class PgLockMixin:
             max_lateness=options.max_lateness,
         )
         try:
-            db = database(app_settings(self.app))
+            db = database(app_settings(self.app), keep_connections=serving_tasks())
             outcome = acquire(db, claim, options.scope, options.lease)
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
@@ -485,6 +487,7 @@ class StartupCheck(bootsteps.StartStopStep):
     IN_PROCESS: ClassVar[frozenset[str]] = frozenset({"threads", "gevent", "eventlet"})
 
     def start(self, worker: Any) -> None:
+        serve_tasks()
         settings = app_settings(worker.app)
         with connect(settings) as conn:
             tables = Tables(settings.schema, settings.table_prefix)
@@ -576,6 +579,7 @@ def _session_scope_tasks(app: Celery) -> list[str]:
 @celery_signals.worker_process_init.connect
 def _open_pool_after_fork(**_: Any) -> None:
     # Prefork child: build this process's own pool now rather than on the first task.
+    serve_tasks()
     app = _current_app_with_pglock()
     if app is not None:
         try:

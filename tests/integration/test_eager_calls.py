@@ -6,6 +6,9 @@ code and unit tests see when they call a locked task without a worker.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,3 +112,57 @@ def test_the_lease_is_not_a_request_attribute(app: Celery) -> None:
 
     assert isinstance(seen["token"], int)
     assert seen["on_request"] is False
+
+
+# Run in a process of its own: a worker started in-process by another test makes the
+# pytest process one that serves tasks, where keeping connections is right.
+OUTSIDE_A_WORKER = """
+import json, os, sys, threading
+import psycopg
+from celery import Celery
+from celery_pglock import PgLockTask
+
+dsn, schema = sys.argv[1:3]
+app = Celery("alone", set_as_current=False)
+app.conf.update(broker_url="memory://", result_backend="cache+memory://", pglock_dsn=dsn,
+                pglock_schema=schema, pglock_namespace=schema, pglock_lease=5)
+seen = {}
+
+@app.task(base=PgLockTask, name="alone.job", shared=False)
+def job():
+    seen["during"] = sorted(t.name for t in threading.enumerate())
+    return os.getpid()
+
+before = sorted(t.name for t in threading.enumerate())
+results = [job.apply(headers={"pglock_slot": f"s-{n}"}).state for n in range(3)]
+results.append(job.apply(headers={"pglock_slot": "s-0"}).state)  # a skip
+after = sorted(t.name for t in threading.enumerate())
+with psycopg.connect(dsn, autocommit=True) as conn:
+    ours = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+        (f"%pglock% {os.getpid()}@%",),
+    ).fetchone()[0]
+print(json.dumps({"results": results, "before": before, "during": seen["during"],
+                  "after": after, "sessions": ours}))
+"""
+
+
+def test_locked_eager_calls_leave_no_thread_or_session_behind(
+    pg_dsn: str, pglock_schema: str
+) -> None:
+    """Outside a worker, a locked call opens what it needs and closes it when it returns:
+    Celery's own unit suite fails a test that leaves a thread behind, and a test
+    database with a session of ours on it cannot be dropped."""
+    done = subprocess.run(
+        [sys.executable, "-c", OUTSIDE_A_WORKER, pg_dsn, pglock_schema],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+
+    assert ["SUCCESS"] * 3 + [SKIPPED] == seen["results"]
+    assert "pglock-heartbeat" in seen["during"]  # the lease was kept alive meanwhile
+    assert (seen["before"], 0) == (seen["after"], seen["sessions"])
