@@ -70,11 +70,30 @@ def lock_task(task: Any) -> None:
     task.__class__ = locked_class(type(task))
 
 
+def _app_of(task: Any) -> Celery | None:
+    """The app ``task`` was created for, if it says (``task.app`` would bind it to the
+    current app as a side effect)."""
+    for klass in type(task).__mro__:
+        found = vars(klass).get("app", vars(klass).get("_app"))
+        if isinstance(found, Celery):
+            return found
+    return None
+
+
 class LockingRegistry(TaskRegistry):
-    """A task registry that makes every task it is given a locked task."""
+    """Celery's task registry; makes each task it is given a locked task when the task's
+    app sets ``pglock_all_tasks``.
+
+    The default registry of every app created once this module is imported: a task is
+    then locked as it is created, also in a process that never finalizes its app (one
+    that only sends tasks, or calls them eagerly in a test suite), where the finalize
+    hook below would never run.
+    """
 
     def __setitem__(self, name: str, task: Any) -> None:
-        lock_task(task)
+        app = _app_of(task)
+        if app is not None and enabled_setting(app.conf, SETTING):
+            lock_task(task)
         super().__setitem__(name, task)
 
 
@@ -83,9 +102,9 @@ def retrofit(app: Celery) -> bool:
     if not enabled_setting(app.conf, SETTING):
         return False
     registry = app.tasks  # the app is finalized (or finalizing): no side effect
+    for task in list(registry.values()):  # registered before the setting was read
+        lock_task(task)
     if not isinstance(registry, LockingRegistry):
-        for task in list(registry.values()):
-            lock_task(task)
         registry.__class__ = LockingRegistry
     # What PgLockMixin.on_bound does, for tasks that were bound before (a set: idempotent).
     app.steps["worker"].add(StartupCheck)
@@ -143,5 +162,9 @@ def _warn_unlocked(task: Any = None, **_: Any) -> None:
 
 
 _retrofit_finalized_apps()
+if Celery.registry_cls in (TaskRegistry, "celery.app.registry:TaskRegistry"):
+    # Read by Celery(...) when it builds an app's registry; an app class with a registry
+    # of its own is left alone (its tasks are locked when it finalizes).
+    Celery.registry_cls = LockingRegistry  # type: ignore[assignment]
 
 __all__ = ["LockingRegistry", "lock_task", "locked_class", "retrofit"]

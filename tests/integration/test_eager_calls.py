@@ -166,3 +166,31 @@ def test_locked_eager_calls_leave_no_thread_or_session_behind(
     assert ["SUCCESS"] * 3 + [SKIPPED] == seen["results"]
     assert "pglock-heartbeat" in seen["during"]  # the lease was kept alive meanwhile
     assert (seen["before"], 0) == (seen["after"], seen["sessions"])
+
+
+def test_retrofitted_eager_calls_lock_in_an_app_that_never_finalizes(
+    pg_dsn: str, pglock_schema: str
+) -> None:
+    """``pglock_all_tasks`` without a worker: a plain ``@app.task`` called eagerly is
+    locked though nothing finalized the app (its duplicate slot is SKIPPED)."""
+    app = Celery("never_finalized", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        result_backend="cache+memory://",
+        pglock_dsn=pg_dsn,
+        pglock_schema=pglock_schema,
+        pglock_namespace=pglock_schema,
+        pglock_all_tasks=True,
+    )
+
+    @app.task(name="never_finalized.job", shared=False)
+    def job(value: Any = None) -> Any:
+        return value
+
+    first = job.apply(("a",), headers={"pglock_slot": SLOT})
+    second = job.apply(("b",), headers={"pglock_slot": SLOT})
+
+    assert not app.finalized
+    assert ("SUCCESS", "a") == (first.state, first.get())
+    assert (SKIPPED, "done") == (second.state, second.get()["reason"])
+    app.close()

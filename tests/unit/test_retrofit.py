@@ -54,6 +54,20 @@ def test_a_task_registered_after_finalize_is_locked() -> None:
     assert isinstance(app.tasks["retro.late"], PgLockMixin)
 
 
+def test_a_task_is_locked_when_it_is_created_in_an_app_that_never_finalizes() -> None:
+    """A process that only sends tasks or calls them eagerly (a web process, a test suite)
+    may never finalize its app: its tasks are locked all the same, so that enqueue checks
+    and eager calls behave as in the worker."""
+    app = make_app(pglock_all_tasks=True)
+
+    @app.task(name="retro.sent", shared=False)
+    def sent() -> None: ...
+
+    assert "retro.sent" == sent.name  # evaluates the task, as delay() or apply() does
+    assert isinstance(sent._get_current_object(), PgLockMixin)  # type: ignore[attr-defined]
+    assert not app.finalized
+
+
 def test_celerys_own_tasks_are_left_unlocked() -> None:
     """``celery.*`` tasks (chord_unlock, backend_cleanup) are never locked."""
     app = make_app(pglock_all_tasks=True)
