@@ -95,6 +95,9 @@ class _Running(threading.local):
         # The requests (by id) whose body runs in this thread: the tracer's call of each.
         self.bodies: set[int] = set()
 
+    def holds(self, lock_name: str) -> bool:
+        return any(lease.lock == lock_name for stack in self.leases.values() for lease in stack)
+
 
 _running = _Running()
 # Eager calls (``apply``): the meta of a skip, by task id, until ``apply`` returns it.
@@ -171,6 +174,10 @@ class PgLockMixin:
         if slot is None and options.scheduled_only:
             return self._pglock_body(args, kwargs)
         lock_name = self._pglock_name(options, args, kwargs)
+        if _running.holds(lock_name):
+            # Called from inside the run that holds this lock (a task calling itself):
+            # re-entrance, as a session re-enters its advisory lock, not a duplicate.
+            return self._pglock_body(args, kwargs)
         entry = self._pglock_header(ENTRY_HEADER)
         claim = Claim(
             lock_name=lock_name,

@@ -194,3 +194,20 @@ def test_retrofitted_eager_calls_lock_in_an_app_that_never_finalizes(
     assert ("SUCCESS", "a") == (first.state, first.get())
     assert (SKIPPED, "done") == (second.state, second.get()["reason"])
     app.close()
+
+
+@pytest.mark.parametrize("headers", [None, {"pglock_slot": SLOT}])
+def test_a_task_calling_itself_runs_inside_its_own_lock(
+    app: Celery, headers: dict[str, str] | None
+) -> None:
+    """A locked run that calls its own task directly (recursion) re-enters the lock it
+    holds, as a session re-enters its advisory lock: the nested call is this execution,
+    not a duplicate to skip."""
+
+    @app.task(base=PgLockTask, name="eager.countdown", shared=False)
+    def countdown(n: int) -> int:
+        return n if n == 0 else 1 + countdown(n - 1)
+
+    result = countdown.apply((3,), headers=headers)
+
+    assert ("SUCCESS", 3) == (result.state, result.get())
