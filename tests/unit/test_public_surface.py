@@ -1,0 +1,100 @@
+"""What users name: the package's public names, the paths their configuration spells out,
+and the commands with their options. A restructuring of the package keeps all of it."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+import click
+from celery.beat import Scheduler
+from kombu.utils.imports import symbol_by_name
+
+import celery_pglock
+
+PUBLIC_NAMES = [
+    "SKIPPED",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "LockLost",
+    "PgLockError",
+    "PgLockMixin",
+    "PgLockTask",
+    "SchemaMissing",
+    "StaleToken",
+    "TaskSkipped",
+    "__version__",
+    "advisory_lock",
+    "beat_leader_changed",
+    "fence",
+    "lock_acquired",
+    "lock_key",
+    "lock_lost",
+    "migration_sql",
+    "run_once",
+    "task_skipped",
+]
+
+# Dotted paths the README and docs tell users to write into their configuration.
+CONFIGURED_PATHS = {
+    "celery_pglock:PgLockTask": celery_pglock.PgLockTask,
+    "celery_pglock.beat:PgLockScheduler": Scheduler,
+    "celery_pglock.beat:PgLockSchedulerMixin": object,
+}
+
+COMMANDS = {
+    "pglock migrate": ["--json", "--sql"],
+    "pglock prune": ["--any-namespace", "--batch", "--json", "--older-than"],
+    "pglock release": ["--any-namespace", "--json", "--yes", "NAME"],
+    "pglock runs": ["--json", "--limit", "--since", "--state", "--task"],
+    "pglock status": ["--json", "--skips", "LOCK"],
+    "celery-pglock demo": ["ARGS"],
+    "celery-pglock run": [
+        "--dsn",
+        "--lease",
+        "--on-lost",
+        "--schema",
+        "--slot",
+        "--table-prefix",
+        "--timeout",
+        "--wait",
+        "COMMAND",
+        "NAME",
+    ],
+}
+
+
+def _commands(command: click.Command, prefix: str) -> dict[str, list[str]]:
+    if isinstance(command, click.Group):
+        found: dict[str, list[str]] = {}
+        for name, sub in command.commands.items():
+            found.update(_commands(sub, f"{prefix} {name}"))
+        return found
+    params: list[Any] = command.params
+    names = [o for p in params for o in (p.opts if isinstance(p, click.Option) else [p.name])]
+    return {prefix: sorted(n if n.startswith("-") else n.upper() for n in names)}
+
+
+def test_the_public_names_are_the_documented_ones() -> None:
+    assert sorted(PUBLIC_NAMES) == sorted(celery_pglock.__all__)
+    assert all(hasattr(celery_pglock, name) for name in PUBLIC_NAMES)
+
+
+def test_the_paths_users_configure_resolve() -> None:
+    for path, kind in CONFIGURED_PATHS.items():
+        found = symbol_by_name(path)
+        assert isinstance(found, type)
+        assert issubclass(found, kind), path
+
+
+def test_the_entry_points_and_their_commands() -> None:
+    """``celery pglock …`` (Celery's command plugin), ``celery beat -S pglock`` and the
+    ``celery-pglock`` console script, with every subcommand and option."""
+    (plugin,) = entry_points(group="celery.commands", name="pglock")
+    (scheduler,) = entry_points(group="celery.beat_schedulers", name="pglock")
+    (script,) = entry_points(group="console_scripts", name="celery-pglock")
+    console = symbol_by_name(script.value.replace(":main", ":cli"))
+
+    assert issubclass(scheduler.load(), Scheduler)
+    assert callable(script.load())
+    assert COMMANDS == {**_commands(plugin.load(), "pglock"), **_commands(console, script.name)}
