@@ -153,7 +153,7 @@ def postgres() -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    from celery_pglock.embedded import EmbeddedPostgres  # noqa: PLC0415
+    from celery_pglock.testing.embedded import EmbeddedPostgres  # noqa: PLC0415
 
     with EmbeddedPostgres() as server:
         server.start()

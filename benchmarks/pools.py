@@ -148,7 +148,7 @@ class Sampler:
 @contextmanager
 def private_server() -> Iterator[str]:
     """A private embedded PostgreSQL allowing ``MAX_CONNECTIONS`` sessions."""
-    from celery_pglock.embedded import EmbeddedPostgres  # noqa: PLC0415
+    from celery_pglock.testing.embedded import EmbeddedPostgres  # noqa: PLC0415
 
     with EmbeddedPostgres() as server:
         server.start()

@@ -89,7 +89,8 @@ class Chaos:
         beat = self._leader()
         if beat is None:
             return "chaos: no live beat to kill"
-        pids = beat.kill()
+        pids = beat.family()
+        beat.kill()
         self.events.append(Event("leader_killed", now, beat.name, pids))
         self._plan.insert(0, (now + BEAT_RESTART_AFTER, "restart_beat"))
         role = "the leader, sending the slots" if self.locked else "one of the beats"
@@ -107,7 +108,8 @@ class Chaos:
         if not workers:
             return "chaos: no live worker to kill"
         victim = self.rng.choice(workers)
-        pids = victim.kill()
+        pids = victim.family()
+        victim.kill()
         interrupted = self.reader.running_in(pids)
         replacement = self.fleet.start_worker()
         detail = {"interrupted_tasks": interrupted, "replacement": replacement.name}
@@ -123,7 +125,8 @@ class Chaos:
         victim = victim or self._random_worker()
         if victim is None:
             return "chaos: no live worker to freeze"
-        pids = victim.freeze()
+        pids = victim.family()
+        victim.freeze()
         holding = self.reader.running_in(pids)
         detail = {"frozen_for_s": FREEZE_FOR, "holding": holding}
         self.events.append(Event("worker_frozen", now, victim.name, pids, detail))

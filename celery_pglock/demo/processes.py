@@ -1,123 +1,42 @@
 """Real ``celery beat`` and ``celery worker`` processes of the demo app, by pid.
 
-Each process runs in its own session (a Ctrl-C meant for the demo does not reach it; the
-demo decides how each one stops) with its output in a log file, and is asked to die with
-the demo should the demo itself be killed (Linux ``PR_SET_PDEATHSIG``). ``Fleet.stop_all``
-stops beats before the workers they feed: SIGCONT (a frozen process cannot exit), SIGTERM,
-a grace period, then SIGKILL for the process and whatever is left of its children.
+Each is a ``celery_pglock.testing.processes.Proc`` (own session, log file), asked to die
+with the demo should the demo itself be killed (Linux ``PR_SET_PDEATHSIG``).
+``Fleet.stop_all`` stops beats before the workers they feed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from celery_pglock.demo.schedule import APP_MODULE
+from celery_pglock.testing.processes import STOP_TIMEOUT, Proc
 
-STOP_TIMEOUT = 10.0
 READY_MARKERS = {"beat": "beat: Starting...", "worker": " ready."}
 WORKER_OPTIONS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
-_PR_SET_PDEATHSIG = 1
 
 
 class ProcessFailed(Exception):
     """A demo process exited or never became ready; the message carries its log tail."""
 
 
-class Process:
-    """One subprocess with its log file."""
+class Process(Proc):
+    """One demo process: a beat or a worker, with its log file."""
 
     def __init__(
         self, name: str, role: str, argv: list[str], log_path: Path, env: Mapping[str, str]
     ):
-        self.name = name
+        super().__init__(argv, log_path=log_path, env=env, name=name, die_with_parent=True)
         self.role = role
-        self.log_path = log_path
         self.started_at = time.time()
-        with log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - the demo starts no threads
-            )
-
-    def __repr__(self) -> str:
-        return f"<{self.name} pid={self.pid}>"
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
 
     @property
     def ready(self) -> bool:
         return READY_MARKERS[self.role] in self.log_text()
-
-    def family(self) -> list[int]:
-        """This process and its descendants (a prefork worker's pool processes)."""
-        tree = _children_map()
-        found, pending = [self.pid], list(tree.get(self.pid, []))
-        while pending:
-            pid = pending.pop()
-            found.append(pid)
-            pending.extend(tree.get(pid, []))
-        return found
-
-    def kill(self) -> list[int]:
-        """SIGKILL the process and its children, like a container dying; their pids."""
-        family = self.family()
-        _signal_all(family, signal.SIGKILL)
-        self.popen.wait()
-        return family
-
-    def freeze(self) -> list[int]:
-        """SIGSTOP the process and its children (a long GC pause, a paused VM)."""
-        family = self.family()
-        _signal_all(family, signal.SIGSTOP)
-        return family
-
-    def thaw(self) -> None:
-        _signal_all(self.family(), signal.SIGCONT)
-
-    def terminate(self) -> None:
-        """Ask it to stop (after SIGCONT, in case it is frozen); see ``finish_stop``."""
-        if self.alive:
-            self.thaw()
-            _signal_all([self.pid], signal.SIGTERM)
-
-    def finish_stop(self, deadline: float) -> None:
-        """Wait until ``deadline`` for it to exit, then SIGKILL it and its leftovers."""
-        family = self.family()
-        try:
-            self.popen.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_all([self.pid], signal.SIGKILL)
-            self.popen.wait()
-        _signal_all(family[1:], signal.SIGKILL)
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_bytes().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, lines: int = 25) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
 
 
 class Fleet:
@@ -157,9 +76,8 @@ class Fleet:
         while pending:
             for proc in pending:
                 if not proc.alive:
-                    status = proc.popen.returncode
                     raise ProcessFailed(
-                        f"{proc.name} exited ({status}) at start-up:\n{proc.log_tail()}"
+                        f"{proc.name} exited ({proc.returncode}) at start-up:\n{proc.log_tail()}"
                     )
             pending = [p for p in pending if not p.ready]
             if pending and time.monotonic() > deadline:
@@ -176,7 +94,7 @@ class Fleet:
             proc.terminate()
         deadline = time.monotonic() + timeout
         for proc in chosen:
-            proc.finish_stop(deadline)
+            proc.stop(max(0.0, deadline - time.monotonic()))
 
     def stop_all(self) -> None:
         """Beats first (no new messages), then workers."""
@@ -193,33 +111,3 @@ class Fleet:
         proc = Process(name, role, argv, self.log_dir / f"{name}.log", self.env)
         self.processes.append(proc)
         return proc
-
-
-# Loaded here, in the demo process: between fork and exec a child should only call prctl.
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILLed if the demo process dies (Linux only)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _children_map() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc."""
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
-def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
-            os.kill(pid, sig)

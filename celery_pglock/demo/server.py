@@ -19,9 +19,9 @@ from psycopg import sql
 from celery_pglock.config import redact
 from celery_pglock.db import migrate
 from celery_pglock.demo import store
-from celery_pglock.embedded import EmbeddedPostgres, EmbeddedPostgresError
 from celery_pglock.errors import PgLockError
 from celery_pglock.schema import Tables
+from celery_pglock.testing.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
 DSN_HINT = (
     "run the demo against an existing server instead: "

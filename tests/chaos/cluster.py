@@ -1,7 +1,7 @@
 """The system under test: servers of the campaign's own and its beat and worker processes.
 
 Everything runs on loopback ports of its own and is stopped by pid at the end: an embedded
-PostgreSQL (``celery_pglock.embedded``), a ``redis-server`` (broker, results, the record
+PostgreSQL (``celery_pglock.testing.embedded``), a ``redis-server`` (broker, results, the record
 of published messages), a PgBouncer in transaction pooling when installed, and a TCP
 proxy. The machine's shared servers are never touched.
 
@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from celery_pglock.embedded import EmbeddedPostgres
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.chaos import chaosapp
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
 from tests.faults.workload import Workload, session_pid

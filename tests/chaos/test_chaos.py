@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_pglock.embedded import EmbeddedPostgresError
+from celery_pglock.testing.embedded import EmbeddedPostgresError
 from tests.chaos import invariants
 from tests.chaos.campaign import Campaign, Options
 from tests.fixtures.redis_server import RedisUnavailable

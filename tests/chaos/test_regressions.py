@@ -43,9 +43,9 @@ import pytest
 from psycopg import sql
 
 from celery_pglock.db import ensure_schema
-from celery_pglock.embedded import EmbeddedPostgres
 from celery_pglock.keys import lock_key, split_key
 from celery_pglock.schema import Tables
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.chaos import chaosapp
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
 from tests.faults.workload import Workload

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from celery_pglock.embedded import EmbeddedPostgres
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS
 from tests.fixtures.pg import started_embedded
 from tests.fixtures.procs import Procs

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from celery_pglock.embedded import DEFAULT_USER
+from celery_pglock.testing.embedded import DEFAULT_USER
 from tests.fixtures.procs import wait_until
 
 START_TIMEOUT = 10.0

@@ -24,11 +24,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from celery_pglock.config import Settings, check_dsn
 from celery_pglock.db import Database, connect
-from celery_pglock.embedded import EmbeddedPostgres
 from celery_pglock.errors import PgLockError
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import Claim
 from celery_pglock.locks import Lease, acquire, release
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_pglock.embedded import EmbeddedPostgres
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
 from tests.faults.workload import Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_pglock.embedded import EmbeddedPostgres
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS, Report, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 

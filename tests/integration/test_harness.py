@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_pglock import embedded
-from celery_pglock.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from celery_pglock.testing import embedded
+from celery_pglock.testing.embedded import EmbeddedPostgres, EmbeddedPostgresError
 from tests.fixtures.pg import drop_schema, fresh_schema
 from tests.fixtures.procs import Procs, wait_until
 from tests.fixtures.proxy import ProxyFactory
@@ -146,7 +146,7 @@ def test_stop_rejects_unknown_mode(private_pg: EmbeddedPostgres) -> None:
 def test_unclosed_server_is_stopped_at_exit(procs: Procs) -> None:
     """A process that exits without close() still stops its server (atexit safety net)."""
     code = textwrap.dedent("""
-        from celery_pglock.embedded import EmbeddedPostgres
+        from celery_pglock.testing.embedded import EmbeddedPostgres
         server = EmbeddedPostgres()
         server.start()
         print(server.pid, server.datadir, flush=True)

@@ -14,7 +14,7 @@ from celery_pglock.demo.facts import Execution, Facts, Send, Skip
 from celery_pglock.demo.report import full_report, max_parallel, task_stats
 from celery_pglock.demo.runner import RunRecord, RunSpec
 from celery_pglock.demo.transport import broker_url
-from celery_pglock.embedded import EmbeddedPostgresError
+from celery_pglock.testing.embedded import EmbeddedPostgresError
 
 EVERY_SECOND = schedule.TASKS_BY_NAME["demo.send_reminders"]  # every 1 s
 T0 = 1_800_000_000.0  # a whole second, so slots fall on T0 + 1, T0 + 2, ...
