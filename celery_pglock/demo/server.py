@@ -19,7 +19,6 @@ from psycopg import sql
 from celery_pglock.config import redact
 from celery_pglock.db import migrate
 from celery_pglock.demo import store
-from celery_pglock.errors import PgLockError
 from celery_pglock.schema import Tables
 from celery_pglock.testing.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
@@ -29,7 +28,7 @@ DSN_HINT = (
 )
 
 
-class DemoSetupError(PgLockError):
+class DemoSetupError(RuntimeError):
     """The demo cannot start; the message says why and what to do instead."""
 
 

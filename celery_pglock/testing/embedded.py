@@ -37,8 +37,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from celery_pglock.errors import PgLockError
-
 __all__ = ["DEFAULT_USER", "STOP_MODES", "EmbeddedPostgres", "EmbeddedPostgresError"]
 
 log = logging.getLogger(__name__)
@@ -65,7 +63,7 @@ _SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?\Z")
 _TUNING = {"fsync": "off", "max_connections": "200"}
 
 
-class EmbeddedPostgresError(PgLockError):
+class EmbeddedPostgresError(RuntimeError):
     """The embedded PostgreSQL server could not be found, started or stopped."""
 
 
