@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import psycopg
 from celery.beat import Scheduler
 
-from celery_pglock import slots
+from celery_pglock import keys, slots
 from celery_pglock.config import APP_DEFAULTS, CatchUp, catch_up_option
 from celery_pglock.db import (
     FIX_BEAT,
@@ -37,9 +37,10 @@ from celery_pglock.db import (
     transaction_pooled,
 )
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.keys import default_lock_name, lock_key
+from celery_pglock.keys import default_lock_name, leader_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
 from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
+from celery_pglock.names import lock_name
 from celery_pglock.retention import AutoPrune
 from celery_pglock.schema import Tables
 from celery_pglock.task import ENTRY_HEADER, SLOT_HEADER, PgLockMixin, app_settings
@@ -96,7 +97,7 @@ class PgLockSchedulerMixin:
         app = kwargs.get("app") or args[0]
         conf = app.conf
         self.pglock_settings = app_settings(app)
-        self.pglock_namespace: str = conf.get("pglock_namespace") or app.main or "celery"
+        self.pglock_namespace = keys.namespace(conf.get("pglock_namespace"), app.main)
         self.pglock_leader_mode = bool(_conf(conf, "pglock_beat_leader"))
         self.pglock_lease = float(_conf(conf, "pglock_beat_lease"))
         self.pglock_align = bool(_conf(conf, "pglock_beat_align_intervals"))
@@ -126,7 +127,7 @@ class PgLockSchedulerMixin:
         with connect(settings) as conn:
             if transaction_pooled(conn, settings):
                 raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
-        name = f"{self.pglock_namespace}:beat-leader"
+        name = leader_lock_name(self.pglock_namespace)
         self._election = LeaderElection(
             self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_lease
         )
@@ -270,17 +271,14 @@ class PgLockSchedulerMixin:
     def _lock_name(self, entry: Any) -> str:
         """The lock name a worker will use for this entry's message, when beat can tell."""
         task = self.app.tasks.get(entry.task)
-        if isinstance(task, PgLockMixin):
-            options = task.pglock_options()
-            if isinstance(options.key, str):
-                return options.key
-            if callable(options.key):
-                try:
-                    return str(options.key(*(entry.args or ()), **(entry.kwargs or {})))
-                except Exception:
-                    logger.debug("pglock_key of %s failed in beat", entry.task, exc_info=True)
+        if not isinstance(task, PgLockMixin):
+            return default_lock_name(self.pglock_namespace, entry.task)
+        options = task.pglock_options()
+        try:
+            return lock_name(entry.task, options, entry.args or (), entry.kwargs or {})
+        except ConfigurationError:  # the worker reports it, with the message's arguments
+            logger.debug("pglock_key of %s failed in beat", entry.task, exc_info=True)
             return default_lock_name(options.namespace, entry.task)
-        return default_lock_name(self.pglock_namespace, entry.task)
 
     def _send(self, due: list[Due]) -> None:
         claimed = self._claim(due)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import psycopg.conninfo
 
+from celery_pglock import keys
 from celery_pglock.errors import ConfigurationError
 
 Scope = Literal["session", "transaction"]
@@ -192,7 +193,7 @@ class TaskOptions:
             )
         return cls(
             key=_key_option(value("pglock_key"), task.name),
-            namespace=value("pglock_namespace") or app_name or "celery",
+            namespace=keys.namespace(value("pglock_namespace"), app_name),
             scope=scope,
             slot=_slot_option(value("pglock_slot"), task.name),
             lease=_lease(value("pglock_lease"), task.name),

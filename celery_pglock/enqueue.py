@@ -32,6 +32,7 @@ from celery_pglock.messages import (
     as_headers,
     message_slot,
 )
+from celery_pglock.names import lock_name
 from celery_pglock.states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")
@@ -100,7 +101,7 @@ def _claim(
     slot = message_slot(task.name, options, headers.get(SLOT_HEADER), task_id, call)
     if slot is None:
         return None
-    name = task._pglock_name(options, *call)
+    name = lock_name(task.name, options, *call)
     message_id = task_id or uuid()  # the id of the SKIPPED result if not published
     return Claim(name, lock_key(name), slot, message_id, task.name, pid=os.getpid())
 

@@ -38,9 +38,22 @@ def check_lock_name(name: object) -> str:
     return name
 
 
+DEFAULT_NAMESPACE = "celery"
+
+
+def namespace(configured: str | None, app_name: str | None) -> str:
+    """A namespace of lock names: ``pglock_namespace``, else the app's main name."""
+    return configured or app_name or DEFAULT_NAMESPACE
+
+
 def default_lock_name(namespace: str, task_name: str) -> str:
     """The lock name of a task that does not set ``pglock_key``."""
     return f"{namespace}:{task_name}"
+
+
+def leader_lock_name(namespace: str) -> str:
+    """The lock the beat replicas of ``namespace`` compete for."""
+    return f"{namespace}:beat-leader"
 
 
 def split_key(key: int) -> tuple[int, int]:

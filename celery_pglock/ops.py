@@ -31,7 +31,7 @@ from celery_pglock import db as pgdb
 from celery_pglock.config import Settings
 from celery_pglock.db import Connection
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.keys import lock_key, split_key
+from celery_pglock.keys import leader_lock_name, lock_key, split_key
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
 
@@ -43,11 +43,6 @@ RUN_STATES = ("scheduled", "running", "succeeded", "failed")
 RELEASE_WAIT = 5.0  # seconds to wait for terminated sessions to let go of the lock
 _OUR_SESSION = re.compile(r"^celery-pglock(?P<role>.*?) (?P<pid>\d+)@(?P<host>.+)$")
 _LIKE_SPECIAL = re.compile(r"([\\%_])")
-
-
-def leader_lock_name(namespace: str) -> str:
-    """The lock the beat replicas of ``namespace`` compete for (see ``beat``)."""
-    return f"{namespace}:beat-leader"
 
 
 def operator() -> str:

@@ -21,7 +21,7 @@ from celery import Celery, Task, bootsteps
 from celery import signals as celery_signals
 from celery.exceptions import Ignore, Reject, WorkerLostError
 
-from celery_pglock import signals
+from celery_pglock import names, signals
 from celery_pglock.config import Settings, TaskOptions
 from celery_pglock.db import (
     FIX_SCOPE,
@@ -46,7 +46,7 @@ from celery_pglock.errors import (
     PgLockError,
     TaskSkipped,
 )
-from celery_pglock.keys import check_lock_name, default_lock_name, lock_key
+from celery_pglock.keys import lock_key
 from celery_pglock.ledger import (
     FAILED,
     SUCCEEDED,
@@ -61,7 +61,6 @@ from celery_pglock.messages import (
     ENTRY_HEADER,
     SLOT_HEADER,
     as_headers,
-    call_option,
     checked_slot,
     coalesces,
     headers_of,
@@ -173,15 +172,15 @@ class PgLockMixin:
         slot = self._pglock_slot(options, args, kwargs)
         if slot is None and options.scheduled_only:
             return self._pglock_body(args, kwargs)
-        lock_name = self._pglock_name(options, args, kwargs)
-        if _running.holds(lock_name):
+        name = names.lock_name(self.name, options, args, kwargs)
+        if _running.holds(name):
             # Called from inside the run that holds this lock (a task calling itself):
             # re-entrance, as a session re-enters its advisory lock, not a duplicate.
             return self._pglock_body(args, kwargs)
         entry = self._pglock_header(ENTRY_HEADER)
         claim = Claim(
-            lock_name=lock_name,
-            key=lock_key(lock_name),
+            lock_name=name,
+            key=lock_key(name),
             slot=slot,
             task_id=self.request.id,
             task_name=self.name,
@@ -270,8 +269,8 @@ class PgLockMixin:
         slot = self._pglock_slot(options, args, kwargs)
         if slot is None:
             return None
-        lock_name = self._pglock_name(options, args, kwargs)
-        claim = Claim(lock_name, lock_key(lock_name), slot, self.request.id, self.name)
+        name = names.lock_name(self.name, options, args, kwargs)
+        claim = Claim(name, lock_key(name), slot, self.request.id, self.name)
         return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
 
     def _pglock_header(self, name: str) -> Any:
@@ -357,18 +356,6 @@ class PgLockMixin:
         if slot is not None:
             headers[SLOT_HEADER] = checked_slot(self.name, slot)
         return headers
-
-    def _pglock_name(self, options: TaskOptions, args: Any, kwargs: Any) -> str:
-        key = options.key
-        if key is None:
-            return default_lock_name(options.namespace, self.name)
-        name = call_option(self.name, "pglock_key", key, args, kwargs) if callable(key) else key
-        try:
-            return check_lock_name(name)
-        except (TypeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"{self.name}: pglock_key gave an invalid name: {exc}"
-            ) from None
 
     def _pglock_report_skip(self, skip: Skip, **extra: Any) -> NoReturn:
         meta = {**skip.meta(), **extra}

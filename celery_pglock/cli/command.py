@@ -23,13 +23,14 @@ import click
 import psycopg
 from celery import Celery
 
-from celery_pglock import ops, retention
+from celery_pglock import keys, ops, retention
 from celery_pglock.cli import output
 from celery_pglock.config import APP_DEFAULTS, redact
 from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
-from celery_pglock.keys import default_lock_name, lock_key
+from celery_pglock.keys import lock_key
 from celery_pglock.messages import BUILTIN_PREFIX
+from celery_pglock.names import fixed_lock_name
 from celery_pglock.schema import Tables
 from celery_pglock.task import PgLockMixin, app_settings
 
@@ -111,7 +112,7 @@ def current_app(ctx: click.Context) -> Celery:
 
 def namespace(app: Celery) -> str:
     """The app-wide lock namespace (``pglock_namespace``, else the app's main name)."""
-    return str(app.conf.get("pglock_namespace") or app.main or "celery")
+    return keys.namespace(app.conf.get("pglock_namespace"), app.main)
 
 
 def task_lock_name(app: Celery, task_name: str) -> str | None:
@@ -123,9 +124,7 @@ def task_lock_name(app: Celery, task_name: str) -> str | None:
         options = task.pglock_options()
     except ConfigurationError:
         return None
-    if isinstance(options.key, str):
-        return options.key
-    return default_lock_name(options.namespace, task_name) if options.key is None else None
+    return fixed_lock_name(task_name, options)
 
 
 def registered_tasks(app: Celery) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from celery_pglock import task as task_module
 from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, close_all
 from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.keys import lock_key
+from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
 from celery_pglock.outage import OutageLog
 from celery_pglock.schema import Tables
@@ -290,7 +290,7 @@ def test_beat_leader_changed_fires_on_election_and_step_down(
     received: Received, pg_dsn: str, pglock_schema: str
 ) -> None:
     """beat_leader_changed says leader=True when elected, False when the lease is lost."""
-    name = ops.leader_lock_name(pglock_schema)
+    name = leader_lock_name(pglock_schema)
     election = LeaderElection(
         Settings(dsn=pg_dsn, schema=pglock_schema), lock_name=name, key=lock_key(name), lease=1.0
     )

@@ -23,7 +23,7 @@ from celery_pglock.beat import PgLockScheduler
 from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, Database, close_all
 from celery_pglock.errors import ConfigurationError, SchemaMissing
-from celery_pglock.keys import lock_key
+from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
@@ -40,7 +40,7 @@ import os, sys, threading
 from celery_pglock import signals
 from celery_pglock.config import Settings
 from celery_pglock.db import database
-from celery_pglock.keys import lock_key
+from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.ledger import Claim
 from celery_pglock.locks import Lease, acquire
 
@@ -202,7 +202,7 @@ def test_skip_names_the_current_transaction_holder_not_a_previous_run(
 
 def test_status_shows_beat_leader_and_standby(db: Database, conn: Conn, pglock_schema: str) -> None:
     """The beat leader holds the leader lock; a standby is its waiter; both say where."""
-    name = ops.leader_lock_name(pglock_schema)
+    name = leader_lock_name(pglock_schema)
     elections = [
         LeaderElection(db.settings, lock_name=name, key=lock_key(name), lease=5.0) for _ in range(2)
     ]

@@ -23,6 +23,7 @@ from celery.schedules import crontab, schedule
 
 from celery_pglock import PgLockTask, beat
 from celery_pglock.beat import PgLockScheduler, _EntryWithHeaders
+from celery_pglock.names import lock_name
 
 UTC = timezone.utc
 START = datetime(2026, 3, 29, 0, 58, 0, 400000, UTC)  # an hour before Berlin springs forward
@@ -288,7 +289,7 @@ def test_beat_names_the_lock_the_worker_will_take(clock: Clock) -> None:
     task = cast(PgLockTask, app.tasks["unit.charge"])
 
     in_beat = scheduler._lock_name(scheduler.schedule["charge"])
-    in_worker = task._pglock_name(task.pglock_options(), (7,), {})
+    in_worker = lock_name(task.name, task.pglock_options(), (7,), {})
 
     assert ("account:7", "account:7") == (in_beat, in_worker)
 
