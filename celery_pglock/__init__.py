@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from celery_pglock import metrics as _metrics  # noqa: F401 - hooks for pglock_metrics
 from celery_pglock import retrofit as _retrofit  # noqa: F401 - applies pglock_all_tasks
+from celery_pglock import worker as _worker  # noqa: F401 - the worker's signal hooks
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,

@@ -26,7 +26,7 @@ import psycopg
 from celery.beat import Scheduler
 
 from celery_pglock import keys, slots
-from celery_pglock.config import APP_DEFAULTS, CatchUp, catch_up_option
+from celery_pglock.config import APP_DEFAULTS, CatchUp, app_settings, catch_up_option
 from celery_pglock.db import (
     FIX_BEAT,
     HOSTNAME,
@@ -40,10 +40,11 @@ from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.keys import default_lock_name, leader_lock_name, lock_key
 from celery_pglock.leader import LeaderElection
 from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
+from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.names import lock_name
 from celery_pglock.retention import AutoPrune
 from celery_pglock.schema import Tables
-from celery_pglock.task import ENTRY_HEADER, SLOT_HEADER, PgLockMixin, app_settings
+from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock.beat")
 

@@ -6,6 +6,7 @@ import difflib
 import inspect
 import os
 import re
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -319,3 +320,14 @@ def enabled_setting(conf: Mapping[str, Any], name: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+_app_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+
+
+def app_settings(app: Any) -> Settings:
+    """A Celery app's settings, read once from its ``app.conf``."""
+    found = _app_settings.get(app)
+    if found is None:
+        found = _app_settings[app] = Settings.from_conf(app.conf)
+    return found

@@ -25,7 +25,7 @@ from celery.app.registry import TaskRegistry
 
 from celery_pglock.config import enabled_setting
 from celery_pglock.messages import BUILTIN_PREFIX, SLOT_HEADER, checked_slot, headers_of
-from celery_pglock.task import PgLockMixin, StartupCheck
+from celery_pglock.task import STARTUP_STEP, PgLockMixin
 
 logger = logging.getLogger("celery_pglock")
 
@@ -107,7 +107,7 @@ def retrofit(app: Celery) -> bool:
     if not isinstance(registry, LockingRegistry):
         registry.__class__ = LockingRegistry
     # What PgLockMixin.on_bound does, for tasks that were bound before (a set: idempotent).
-    app.steps["worker"].add(StartupCheck)
+    app.steps["worker"].add(STARTUP_STEP)
     return True
 
 

@@ -25,14 +25,14 @@ from celery import Celery
 
 from celery_pglock import keys, ops, retention
 from celery_pglock.cli import output
-from celery_pglock.config import APP_DEFAULTS, redact
+from celery_pglock.config import APP_DEFAULTS, app_settings, redact
 from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import lock_key
 from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.names import fixed_lock_name
 from celery_pglock.schema import Tables
-from celery_pglock.task import PgLockMixin, app_settings
+from celery_pglock.task import PgLockMixin
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

@@ -23,7 +23,7 @@ from celery import Celery
 from celery_pglock.demo import schedule
 from celery_pglock.demo.facts import Reader
 from celery_pglock.demo.processes import Fleet, Process
-from celery_pglock.task import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 
 LONG_TASK = max(schedule.TASKS, key=lambda task: task.runs_for)
 FREEZE_FOR = schedule.LEASE + 2.0

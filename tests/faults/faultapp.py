@@ -23,8 +23,8 @@ from celery import signals
 from psycopg import sql
 
 from celery_pglock import PgLockTask
+from celery_pglock.config import app_settings
 from celery_pglock.db import database
-from celery_pglock.task import app_settings
 from tests.apps import testapp
 from tests.apps.testapp import app, finish, record
 

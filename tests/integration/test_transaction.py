@@ -16,11 +16,11 @@ from celery import Celery, Task
 from psycopg import sql
 
 from celery_pglock import PgLockTask, signals
+from celery_pglock.config import app_settings
 from celery_pglock.db import HOSTNAME, Database, close_all, database
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import Skip
 from celery_pglock.locks import Lease, acquire
-from celery_pglock.task import app_settings
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

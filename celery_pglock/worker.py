@@ -1,0 +1,212 @@
+"""The worker's side of celery-pglock: a start-up step and Celery's process signals.
+
+``StartupCheck`` fails a worker at start-up when the DSN or the schema is wrong, and
+sizes each process's lock connections to the worker's pool. The signal hooks open a
+prefork child's own pool after fork, record the attempt of a pool child that died
+mid-task, and close the pools when a process shuts down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, ClassVar
+
+from celery import Celery, bootsteps
+from celery import signals as celery_signals
+from celery.exceptions import WorkerLostError
+
+from celery_pglock.config import Settings, app_settings
+from celery_pglock.db import (
+    FIX_SCOPE,
+    close_all,
+    connect,
+    database,
+    ensure_schema,
+    pooler_message,
+    serve_tasks,
+    size_for_worker,
+    transaction_pooled,
+    waits_block_greenlets,
+)
+from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.messages import BUILTIN_PREFIX
+from celery_pglock.schema import Tables
+from celery_pglock.task import PgLockMixin
+
+logger = logging.getLogger("celery_pglock")
+
+
+class StartupCheck(bootsteps.StartStopStep):
+    """Fail the worker at start-up when the DSN or the schema is wrong, with a clear message;
+    size the lock connections to the worker's pool and say how many a process may open."""
+
+    label = "celery-pglock"
+
+    # Celery's pools by module: threads, gevent and eventlet run the worker's tasks at
+    # once inside its main process; prefork runs each in a child, one at a time.
+    POOL_NAMES: ClassVar[dict[str, str]] = {
+        "celery.concurrency.prefork": "prefork",
+        "celery.concurrency.solo": "solo",
+        "celery.concurrency.thread": "threads",
+        "celery.concurrency.gevent": "gevent",
+        "celery.concurrency.eventlet": "eventlet",
+    }
+    IN_PROCESS: ClassVar[frozenset[str]] = frozenset({"threads", "gevent", "eventlet"})
+
+    def start(self, worker: Any) -> None:
+        serve_tasks()
+        settings = app_settings(worker.app)
+        with connect(settings) as conn:
+            tables = Tables(settings.schema, settings.table_prefix)
+            ensure_schema(conn, tables, auto_migrate=settings.auto_migrate)
+            pooled = transaction_pooled(conn, settings)
+        if pooled and (session := _session_scope_tasks(worker.app)):
+            logger.error(
+                "%s; these tasks will fail: %s",
+                pooler_message(settings, "session-scope locks", FIX_SCOPE),
+                ", ".join(session),
+                extra={"action": "pglock_transaction_pooler"},
+            )
+        self._size_connections(worker, settings)
+        logger.info("celery-pglock ready: %r", settings, extra={"action": "pglock_ready"})
+
+    @classmethod
+    def _size_connections(cls, worker: Any, settings: Settings) -> None:
+        # This step runs in the worker's main process before it consumes: where threads,
+        # gevent and eventlet run the tasks, and before prefork forks its children.
+        pool = cls._pool_name(worker.pool_cls)
+        concurrency = max(worker.concurrency or 1, getattr(worker, "max_concurrency", 0) or 0)
+        in_process = pool in cls.IN_PROCESS or bool(getattr(worker.pool_cls, "is_green", False))
+        size = size_for_worker(settings, concurrency if in_process else None)
+        who, how = "each worker process", ""
+        if pool == "prefork":
+            how = f"{concurrency} processes, {concurrency * size} connections in all"
+        elif in_process:
+            who, how = "this worker process", "its tasks run in this process"
+        elif pool == "solo":
+            who = "this worker process"
+        logger.info(
+            "celery-pglock: %s opens at most %d PostgreSQL connections for locks "
+            "(pool %s, concurrency %d%s; pglock_pool_size %s)",
+            who,
+            size,
+            pool,
+            concurrency,
+            f": {how}" if how else "",
+            "auto" if settings.pool_size is None else settings.pool_size,
+            extra={
+                "action": "pglock_connections",
+                "pool": pool,
+                "concurrency": concurrency,
+                "connections_per_process": size,
+            },
+        )
+        if in_process and settings.pool_size is not None and settings.pool_size < concurrency:
+            logger.warning(
+                "pglock_pool_size = %d is below this worker's concurrency (%d, pool %s): "
+                "locked tasks beyond %d at once queue for a PostgreSQL connection, and one "
+                "that waits longer than pglock_connect_timeout (%.1f s) is retried. To fix: "
+                "remove pglock_pool_size (auto: concurrency + 1) or set it to at least %d",
+                settings.pool_size,
+                concurrency,
+                pool,
+                settings.pool_size,
+                settings.connect_timeout,
+                concurrency + 1,
+                extra={"action": "pglock_pool_size_too_small", "pool": pool},
+            )
+        if getattr(worker.pool_cls, "is_green", False) and waits_block_greenlets():
+            logger.warning(
+                "pool %s: psycopg waits for PostgreSQL without yielding to other greenlets "
+                "(it detects gevent, not eventlet): each statement pauses every task of this "
+                "worker, and one longer than pglock_lease makes other tasks lose their locks. "
+                "To fix: start the worker with PSYCOPG_WAIT_FUNC=wait_select in its environment",
+                pool,
+                extra={"action": "pglock_greenlets_blocked", "pool": pool},
+            )
+
+    @classmethod
+    def _pool_name(cls, pool_cls: Any) -> str:
+        for klass in getattr(pool_cls, "__mro__", ()):
+            if klass.__module__ in cls.POOL_NAMES:
+                return cls.POOL_NAMES[klass.__module__]
+        return f"{pool_cls.__module__}.{pool_cls.__qualname__}"
+
+
+def _session_scope_tasks(app: Celery) -> list[str]:
+    found: list[str] = []
+    for name, task in sorted(app.tasks.items()):
+        if isinstance(task, PgLockMixin) and not name.startswith(BUILTIN_PREFIX):
+            with contextlib.suppress(ConfigurationError):  # reported when the task runs
+                if task.pglock_options().scope == "session":
+                    found.append(name)
+    return found
+
+
+@celery_signals.worker_process_init.connect
+def _open_pool_after_fork(**_: Any) -> None:
+    # Prefork child: build this process's own pool now rather than on the first task.
+    serve_tasks()
+    app = _current_app_with_pglock()
+    if app is not None:
+        try:
+            database(app_settings(app))
+        except PgLockError as exc:  # the first task will retry and report
+            logger.error(
+                "celery-pglock could not connect after fork: %s",
+                exc,
+                extra={"action": "pglock_db_unavailable"},
+            )
+
+
+@celery_signals.task_failure.connect
+def _record_worker_lost(
+    sender: Any = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    # Sent in the worker's MAIN process when a pool child died mid-task (SIGKILL, OOM
+    # killer) and the message is not requeued (acks_late off, or no reject_on_worker_lost);
+    # the request's context is on the task's request stack. Without this the attempt's row
+    # would stay `running` until the slot's next message re-claims it.
+    if not isinstance(exception, WorkerLostError) or not isinstance(sender, PgLockMixin):
+        return
+    if sender.name.startswith(BUILTIN_PREFIX):
+        return
+    try:
+        token = sender._pglock_worker_lost(exception, args or (), kwargs or {})
+    except Exception:
+        logger.exception(
+            "could not record the lost worker of %s[%s]",
+            sender.name,
+            sender.request.id,
+            extra={"action": "pglock_failure_not_recorded"},
+        )
+        return
+    if token is not None:
+        logger.warning(
+            "%s[%s]: its worker process died; attempt (token %d) recorded failed",
+            sender.name,
+            sender.request.id,
+            token,
+            extra={"action": "pglock_worker_lost", "token": token},
+        )
+
+
+@celery_signals.worker_process_shutdown.connect
+def _close_pool(**_: Any) -> None:
+    close_all()
+
+
+def _current_app_with_pglock() -> Celery | None:
+    from celery import current_app  # noqa: PLC0415
+
+    app: Celery = current_app._get_current_object()  # type: ignore[attr-defined]
+    has_locked = any(isinstance(task, PgLockMixin) for task in app.tasks.values())
+    return app if has_locked else None
+
+
+__all__ = ["StartupCheck"]
