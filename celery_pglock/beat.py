@@ -43,7 +43,6 @@ from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.names import lock_name
 from celery_pglock.retention import AutoPrune
-from celery_pglock.schema import Tables
 from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock.beat")
@@ -116,7 +115,7 @@ class PgLockSchedulerMixin:
         self._pruner = AutoPrune.from_conf(conf, self.pglock_settings, self.pglock_namespace)
         self._election: LeaderElection | None = None
         self._schema_ready = False
-        self.pglock_tables = Tables(self.pglock_settings.schema, self.pglock_settings.table_prefix)
+        self.pglock_tables = self.pglock_settings.tables
         super().__init__(*args, **kwargs)
         beat_max = float(_conf(conf, "pglock_beat_max_interval"))
         self.max_interval = min(self.max_interval, beat_max)

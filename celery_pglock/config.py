@@ -15,6 +15,7 @@ import psycopg.conninfo
 
 from celery_pglock import keys
 from celery_pglock.errors import ConfigurationError
+from celery_pglock.schema import Tables
 
 Scope = Literal["session", "transaction"]
 OnDbError = Literal["retry", "fail", "run"]
@@ -148,6 +149,11 @@ class Settings:
             f"Settings(dsn={redact(self.dsn)!r}, schema={self.schema!r}, "
             f"table_prefix={self.table_prefix!r}, auto_migrate={self.auto_migrate})"
         )
+
+    @property
+    def tables(self) -> Tables:
+        """Where the tables of these settings live."""
+        return Tables(self.schema, self.table_prefix)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:

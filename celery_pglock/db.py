@@ -149,7 +149,7 @@ class Database:
     def __init__(self, settings: Settings, *, keep_connections: bool = True) -> None:
         self.settings = settings
         self.keep_connections = keep_connections
-        self.tables = schema.Tables(settings.schema, settings.table_prefix)
+        self.tables = settings.tables
         self.pid = os.getpid()
         self._schema_ready = False
         self._schema_lock = threading.Lock()

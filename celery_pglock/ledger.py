@@ -259,7 +259,7 @@ def record_worker_lost(settings: Settings, claim: Claim, reason: str) -> int | N
     if claim.slot is None:
         return None
     params = {**claim.params(), "reason": short_reason(reason)}
-    tables = Tables(settings.schema, settings.table_prefix)
+    tables = settings.tables
     with connect(settings) as conn:
         row = conn.execute(tables.query("record_worker_lost"), params).fetchone()
     return None if row is None else int(row[0])

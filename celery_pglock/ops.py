@@ -335,7 +335,7 @@ class Migrated:
 
 def migrate(settings: Settings, **connect_overrides: Any) -> Migrated:
     """Create or upgrade the tables now (what workers otherwise do on first use)."""
-    tables = Tables(settings.schema, settings.table_prefix)
+    tables = settings.tables
     with pgdb.connect(settings, **connect_overrides) as conn:
         applied = pgdb.migrate(conn, tables)
         version = pgdb.current_version(conn, tables) or 0

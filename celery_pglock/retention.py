@@ -187,7 +187,7 @@ class AutoPrune:
         self.settings = settings
         self.namespace = namespace
         self.retention = retention
-        self.tables = Tables(settings.schema, settings.table_prefix)
+        self.tables = settings.tables
         self.every = every
         self.clock = clock
         self.next_at = clock()

@@ -31,7 +31,6 @@ from celery_pglock.db import (
 )
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.messages import BUILTIN_PREFIX
-from celery_pglock.schema import Tables
 from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock")
@@ -58,7 +57,7 @@ class StartupCheck(bootsteps.StartStopStep):
         serve_tasks()
         settings = app_settings(worker.app)
         with connect(settings) as conn:
-            tables = Tables(settings.schema, settings.table_prefix)
+            tables = settings.tables
             ensure_schema(conn, tables, auto_migrate=settings.auto_migrate)
             pooled = transaction_pooled(conn, settings)
         if pooled and (session := _session_scope_tasks(worker.app)):

@@ -176,7 +176,7 @@ def session(app: Celery) -> Iterator[tuple[Connection, Tables]]:
     settings = app_settings(app)
     label = f"celery-pglock cli {ops.operator()}".encode()[:63].decode("utf-8", "ignore")
     with connect(settings, application_name=label) as conn:
-        yield conn, Tables(settings.schema, settings.table_prefix)
+        yield conn, settings.tables
 
 
 # -- commands -----------------------------------------------------------------------------

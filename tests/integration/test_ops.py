@@ -40,7 +40,7 @@ import os, sys, threading
 from celery_pglock import signals
 from celery_pglock.config import Settings
 from celery_pglock.db import database
-from celery_pglock.keys import leader_lock_name, lock_key
+from celery_pglock.keys import lock_key
 from celery_pglock.ledger import Claim
 from celery_pglock.locks import Lease, acquire
 
