@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_pglock import beat
-from tests.unit.test_beat_unit import START, Clock, SimulatedScheduler, Store, make_app, tick_until
+from tests.unit.test_beat_unit import (
+    START,
+    Clock,
+    SimulatedScheduler,
+    Store,
+    install_clock,
+    make_app,
+    tick_until,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -45,14 +50,7 @@ class JumpingClock(Clock):
 def clock(monkeypatch: pytest.MonkeyPatch) -> JumpingClock:
     """Beat's wall clocks (datetime.now, time.time) and its monotonic clock."""
     fake = JumpingClock(START)
-
-    class FakeDatetime(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
-            return fake.now.astimezone(tz)
-
-    monkeypatch.setattr(beat, "datetime", FakeDatetime)
-    monkeypatch.setattr(beat, "time", SimpleNamespace(time=fake.time, monotonic=fake.monotonic))
+    install_clock(monkeypatch, fake)
     return fake
 
 

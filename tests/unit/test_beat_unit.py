@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any, cast
@@ -21,8 +21,12 @@ from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import crontab, schedule
 
-from celery_pglock import PgLockTask, beat
-from celery_pglock.beat import PgLockScheduler, _EntryWithHeaders
+from celery_pglock import PgLockTask
+from celery_pglock.beat import PgLockScheduler
+from celery_pglock.beat import planner as planner_module
+from celery_pglock.beat import scheduler as scheduler_module
+from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.scheduler import EntryWithHeaders
 from celery_pglock.names import lock_name
 
 UTC = timezone.utc
@@ -42,19 +46,29 @@ class Clock:
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
+    def monotonic(self) -> float:
+        return self.time()
 
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    """Beat's clocks, all reading one settable time."""
-    fake = Clock(START)
+
+def install_clock(monkeypatch: pytest.MonkeyPatch, fake: Clock) -> None:
+    """Make beat's clocks (datetime.now, time.time, time.monotonic) read ``fake``."""
 
     class FakeDatetime(datetime):
         @classmethod
         def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
             return fake.now.astimezone(tz)
 
-    monkeypatch.setattr(beat, "datetime", FakeDatetime)
-    monkeypatch.setattr(beat, "time", SimpleNamespace(time=fake.time, monotonic=fake.time))
+    clocks = SimpleNamespace(time=fake.time, monotonic=fake.monotonic)
+    monkeypatch.setattr(scheduler_module, "datetime", FakeDatetime)
+    monkeypatch.setattr(scheduler_module, "time", clocks)
+    monkeypatch.setattr(planner_module, "time", clocks)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """Beat's clocks, all reading one settable time."""
+    fake = Clock(START)
+    install_clock(monkeypatch, fake)
     return fake
 
 
@@ -89,7 +103,8 @@ class SimulatedScheduler(PgLockScheduler):
         self.store = store
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
         super().__init__(app=app)
-        self.pglock_replica = name
+        self.pglock_beat = replace(self.pglock_beat, replica=name)
+        self.pglock_claims = BeatClaims(self.pglock_beat, self._run_query)
 
     @property
     def producer(self) -> None:  # type: ignore[override] # no broker at this tier
@@ -141,7 +156,7 @@ def tick_until(scheduler: SimulatedScheduler, clock: Clock, end: datetime) -> No
         clock.advance(max(scheduler.tick(), 0.01))
 
 
-# -- _EntryWithHeaders -----------------------------------------------------------------
+# -- EntryWithHeaders -----------------------------------------------------------------
 
 
 def test_entry_view_adds_headers_without_mutating_the_entry(app: Celery) -> None:
@@ -150,7 +165,7 @@ def test_entry_view_adds_headers_without_mutating_the_entry(app: Celery) -> None
         "e", "unit.job", schedule=EVERY_10, options={"headers": {"a": 1}}, app=app
     )
 
-    view = _EntryWithHeaders(entry, {"pglock_slot": "2026-01-01T00:00:00Z"})
+    view = EntryWithHeaders(entry, {"pglock_slot": "2026-01-01T00:00:00Z"})
 
     assert {"a": 1, "pglock_slot": "2026-01-01T00:00:00Z"} == view.options["headers"]
     assert {"headers": {"a": 1}} == entry.options
@@ -167,7 +182,7 @@ def test_entry_view_keeps_django_style_headers_and_attributes() -> None:
         options={"queue": "q", "headers": {"periodic_task_name": "tick"}},
     )
 
-    view = _EntryWithHeaders(entry, {"pglock_slot": "s", "pglock_entry": "tick"})
+    view = EntryWithHeaders(entry, {"pglock_slot": "s", "pglock_entry": "tick"})
 
     expected = {"periodic_task_name": "tick", "pglock_slot": "s", "pglock_entry": "tick"}
     assert expected == view.options["headers"]
@@ -185,7 +200,7 @@ def test_entry_view_headers_reach_send_task_and_leave_the_entry_alone(app: Celer
             sent.append(kwargs["headers"])
 
     entry = ScheduleEntry("e", "not.importable", schedule=EVERY_10, options={}, app=app)
-    view = _EntryWithHeaders(entry, {"pglock_slot": "s"})
+    view = EntryWithHeaders(entry, {"pglock_slot": "s"})
     Recording(app, lazy=True).apply_async(view, advance=False)  # type: ignore[arg-type]
 
     marked = {"celery_beat_task": True} if celery.VERSION[:2] >= (5, 7) else {}  # new in 5.7
@@ -223,7 +238,7 @@ def test_a_slot_older_than_the_grace_is_not_sent(clock: Clock) -> None:
     scheduler.tick()
 
     assert [] == scheduler.slots("minutely")
-    assert "2026-03-29T00:58:00Z" == scheduler._last_slot["minutely"]
+    assert "2026-03-29T00:58:00Z" == scheduler._planner.last_slot["minutely"]
 
 
 def test_a_slot_within_the_grace_is_sent_late(clock: Clock) -> None:
@@ -376,7 +391,7 @@ def test_losing_the_lease_mid_tick_is_not_reported_as_an_outage(
 
     assert [] == scheduler.sent
     assert [] == [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert wait <= beat.STANDBY_POLL
+    assert wait <= scheduler_module.STANDBY_POLL
 
 
 def test_a_database_error_while_leading_is_reported_once(

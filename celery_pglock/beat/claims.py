@@ -1,0 +1,90 @@
+"""Beat's statements on the ledger (``sql/beat_queries.sql``): claim the due slots, confirm
+the ones sent, find claims never confirmed, and close the rows dead attempts left running.
+
+Each replica claims before it sends and sends only what it claimed, so a slot goes out
+once however many replicas tick. Statements run through the scheduler's ``run_query``: on
+the leader's own connection in leader mode, so that a replica whose session was ended
+(frozen past its lease, partitioned) cannot claim, and so cannot send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from celery_pglock import slots
+from celery_pglock.beat.planner import Due
+from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.keys import lock_key
+from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
+
+RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
+RESEND_HORIZON = 86400.0  # seconds: older unconfirmed claims are not re-sent
+
+
+class BeatClaims:
+    """The ledger as one beat replica sees it."""
+
+    def __init__(self, settings: BeatSettings, run_query: RunQuery) -> None:
+        self.settings = settings
+        self._run_query = run_query
+
+    def last_slots_sent(self) -> dict[str, str]:
+        """The last slot sent of each entry of this namespace, by any replica."""
+        rows = self._run_query("beat_state", {"namespace": self.settings.namespace})
+        return {row[0]: row[1] for row in rows if row[1]}
+
+    def claim(self, due: list[Due]) -> set[tuple[str, str]]:
+        """Claim ``due`` in one round trip; the (entry, slot) pairs this replica may send."""
+        # One order for every replica: the schedule's order is a set's (per process hash
+        # seed), and two replicas inserting the same claims in opposite orders deadlock.
+        due = sorted(due, key=_claim_order)
+        rows = self._run_query(
+            "beat_claim",
+            {
+                "namespace": self.settings.namespace,
+                "replica": self.settings.replica,
+                "entries": [d.entry.name for d in due],
+                "slots": [d.slot for d in due],
+                "lock_names": [d.lock_name for d in due],
+                "keys": [lock_key(d.lock_name) for d in due],
+                "tasks": [d.entry.task for d in due],
+            },
+        )
+        return {(entry, slot) for entry, slot in rows}
+
+    def confirm(self, sent: Iterable[Due]) -> None:
+        """Record these claims as sent (a claim never confirmed is re-sent)."""
+        sent = sorted(sent, key=_claim_order)  # rows updated in the claims' order
+        if not sent:
+            return
+        self._run_query(
+            "beat_confirm",
+            {
+                "namespace": self.settings.namespace,
+                "entries": [d.entry.name for d in sent],
+                "slots": [d.slot for d in sent],
+                "run_ats": [slots.parse_slot(d.slot) for d in sent],
+            },
+        )
+
+    def unconfirmed(self) -> list[tuple[str, str]]:
+        """(entry, slot) claims whose sender died between claim and publish."""
+        rows = self._run_query(
+            "beat_unsent",
+            {
+                "namespace": self.settings.namespace,
+                "replica": self.settings.replica,
+                "after": self.settings.resend_after,
+                "horizon": RESEND_HORIZON,
+            },
+        )
+        return [(entry, slot) for entry, slot in rows]
+
+    def sweep_orphans(self) -> None:
+        """Record failed the ledger rows a dead attempt left running (they are final then)."""
+        abandoned(self._run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS))
+
+
+def _claim_order(item: Due) -> tuple[str, str]:
+    return (item.entry.name, item.slot)

@@ -1,0 +1,310 @@
+"""The schedulers: ``PgLockSchedulerMixin`` for any scheduler class, ``PgLockScheduler``.
+
+A tick, in order: a standby sends nothing; the leader (or, with ``pglock_beat_leader =
+False``, every replica) asks the planner for the due slots (``planner``), claims all of
+them in one round trip (``claims``), and publishes only what it claimed, with the slot in
+the ``pglock_slot`` header; then it re-sends claims never confirmed, sweeps rows dead
+attempts left running, and prunes the ledger (``retention``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+from celery.beat import Scheduler
+
+from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.leader import LeaderElection
+from celery_pglock.beat.planner import Due, SlotPlanner
+from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
+from celery_pglock.db import (
+    FIX_BEAT,
+    connect,
+    database,
+    ensure_schema,
+    pooler_message,
+    transaction_pooled,
+)
+from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.keys import default_lock_name, leader_lock_name, lock_key
+from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock.names import lock_name
+from celery_pglock.retention import AutoPrune
+from celery_pglock.task import PgLockMixin
+
+logger = logging.getLogger("celery_pglock.beat")
+
+STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
+RESEND_CHECK_EVERY = 5.0
+ORPHAN_SWEEP_EVERY = 10.0  # seconds between two looks for rows a dead attempt left running
+
+
+class EntryWithHeaders:
+    """An entry whose ``options`` carry our headers; everything else is the entry's own.
+
+    Copying the entry breaks django-celery-beat's ``ModelEntry``, and upstream mutates
+    ``options["headers"]`` in place, so a thin view is the safe way to add headers.
+    """
+
+    def __init__(self, entry: Any, headers: dict[str, Any]) -> None:
+        self._entry = entry
+        # Our per-entry settings are not apply_async options: never send them.
+        options = {k: v for k, v in (entry.options or {}).items() if k not in ENTRY_OPTIONS}
+        options["headers"] = {**(options.get("headers") or {}), **headers}
+        self.options = options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._entry, name)
+
+
+class PgLockSchedulerMixin:
+    """Send each (entry, slot) once across replicas; put it before the scheduler class."""
+
+    app: Any
+    data: Any
+    max_interval: float
+    producer: Any
+    schedule: Any
+    reserve: Any
+    apply_async: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        app = kwargs.get("app") or args[0]
+        self.pglock_beat = BeatSettings.from_app(app)
+        self.pglock_settings = self.pglock_beat.connection
+        self.pglock_tables = self.pglock_settings.tables
+        self.pglock_claims = BeatClaims(self.pglock_beat, self._run_query)
+        self._leading = False
+        self._next_resend_check = 0.0
+        self._next_sweep = 0.0
+        self._outage = False
+        self._pruner = AutoPrune.from_conf(
+            app.conf, self.pglock_settings, self.pglock_beat.namespace
+        )
+        self._election: LeaderElection | None = None
+        self._schema_ready = False
+        super().__init__(*args, **kwargs)
+        self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
+        self._planner = SlotPlanner(self.pglock_beat, self.max_interval)
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this replica sends (always, in active-active mode)."""
+        if not self.pglock_beat.leader_mode:
+            return True
+        return self._election is not None and self._election.is_leader()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        now = datetime.now(timezone.utc)
+        if self.pglock_beat.leader_mode and self._election is None:
+            self._start_election()
+        if not self.is_leader:
+            self._leading = False
+            return min(STANDBY_POLL, self.max_interval)
+        try:
+            self._lead(now)
+        except (psycopg.Error, PgLockError) as exc:
+            if self.pglock_beat.leader_mode and not self.is_leader:
+                return min(STANDBY_POLL, self.max_interval)  # lost the lease: not an outage
+            self._db_error(exc)
+            return min(1.0, self.max_interval)
+        if self._outage:
+            self._outage = False
+            logger.info("beat reaches PostgreSQL again", extra={"action": "pglock_beat_db_back"})
+        return self._planner.next_wake()
+
+    def _lead(self, now: datetime) -> None:
+        if not self._leading:
+            # From the last slots sent as stored, not from this replica's memory.
+            self._planner.take_over(self.pglock_claims.last_slots_sent())
+            self._leading = True
+        due = self._planner.due(list(self.schedule.values()), now, self._lock_name)
+        if due:
+            self._send(due)
+        self._resend_unconfirmed()
+        self._sweep_orphans()
+        self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
+
+    def _start_election(self) -> None:
+        # Started on the first tick, not in __init__: `celery beat` also builds a lazy
+        # scheduler just to print its banner, and that one must not compete.
+        settings = self.pglock_settings
+        with connect(settings) as conn:
+            if transaction_pooled(conn, settings):
+                raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
+        name = leader_lock_name(self.pglock_beat.namespace)
+        self._election = LeaderElection(
+            settings, lock_name=name, key=lock_key(name), lease=self.pglock_beat.lease
+        )
+        self._election.start()
+
+    def _lock_name(self, entry: Any) -> str:
+        """The lock name a worker will use for this entry's message, when beat can tell."""
+        task = self.app.tasks.get(entry.task)
+        if not isinstance(task, PgLockMixin):
+            return default_lock_name(self.pglock_beat.namespace, entry.task)
+        options = task.pglock_options()
+        try:
+            return lock_name(entry.task, options, entry.args or (), entry.kwargs or {})
+        except ConfigurationError:  # the worker reports it, with the message's arguments
+            logger.debug("pglock_key of %s failed in beat", entry.task, exc_info=True)
+            return default_lock_name(options.namespace, entry.task)
+
+    def _send(self, due: list[Due]) -> None:
+        claimed = self.pglock_claims.claim(due)
+        claimed_at = time.monotonic()
+        self._planner.sent(due)
+        sent = []
+        for item in due:
+            if (item.entry.name, item.slot) not in claimed:
+                continue
+            checked_at = time.monotonic()
+            if not self._still_leading(claimed_at):
+                logger.warning(
+                    "not sending %s: leadership lost",
+                    item.entry.name,
+                    extra={"action": "pglock_beat_not_sent", "entry": item.entry.name},
+                )
+                return
+            if checked_at - claimed_at >= self.pglock_beat.lease / 3:
+                claimed_at = checked_at  # the server just confirmed it: one ping per third
+            if self._publish(item):
+                sent.append(item)
+        self.pglock_claims.confirm(sent)
+
+    def _still_leading(self, claimed_at: float) -> bool:
+        # A pause between claim and publish (SIGSTOP) may have cost us the lease.
+        if self._election is None or time.monotonic() - claimed_at < self.pglock_beat.lease / 3:
+            return self.is_leader
+        return self._election.verify()
+
+    def _publish(self, item: Due) -> bool:
+        entry = self.reserve(item.entry)
+        headers = {SLOT_HEADER: item.slot, ENTRY_HEADER: entry.name}
+        logger.info(
+            "Scheduler: Sending due task %s (%s) slot %s",
+            entry.name,
+            entry.task,
+            item.slot,
+            extra={"action": "pglock_beat_sent", "entry": entry.name, "slot": item.slot},
+        )
+        try:
+            view = EntryWithHeaders(entry, headers)
+            self.apply_async(view, producer=self.producer, advance=False)
+        except Exception as exc:  # noqa: BLE001 - a broker error must not stop beat
+            logger.error(
+                "could not send %s slot %s: %s",
+                entry.name,
+                item.slot,
+                exc,
+                extra={"action": "pglock_beat_send_failed", "entry": entry.name},
+            )
+            return False
+        return True
+
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a beat query: on the leader's connection in leader mode, else pooled."""
+        if self._election is None:
+            db = database(self.pglock_settings)
+            with db.connection() as conn:
+                return _rows(conn.execute(db.tables.query(name), params))
+        leader_conn = self._election.connection
+        if leader_conn is None:
+            raise PgLockError("this replica is no longer the beat leader")
+        try:
+            self._ensure_schema(leader_conn)
+            return _rows(leader_conn.execute(self.pglock_tables.query(name), params))
+        except psycopg.OperationalError as exc:
+            self._election.step_down(f"leader connection failed: {exc}")
+            raise
+
+    def _ensure_schema(self, conn: Any) -> None:
+        if not self._schema_ready:
+            settings = self.pglock_settings
+            ensure_schema(conn, self.pglock_tables, auto_migrate=settings.auto_migrate)
+            self._schema_ready = True
+
+    def _sweep_orphans(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + ORPHAN_SWEEP_EVERY
+            self.pglock_claims.sweep_orphans()
+
+    def _resend_unconfirmed(self) -> None:
+        """Re-send claims whose sender died between claim and publish."""
+        now = time.monotonic()
+        if now < self._next_resend_check:
+            return
+        self._next_resend_check = now + RESEND_CHECK_EVERY
+        entries = self.schedule
+        unsent = self.pglock_claims.unconfirmed()
+        due = [Due(entries[e], s, self._lock_name(entries[e])) for e, s in unsent if e in entries]
+        sent = []
+        for item in due:
+            logger.warning(
+                "re-sending %s slot %s: its claim was never confirmed",
+                item.entry.name,
+                item.slot,
+                extra={"action": "pglock_beat_resend", "entry": item.entry.name},
+            )
+            if self._publish(item):
+                sent.append(item)
+        self.pglock_claims.confirm(sent)
+
+    def _db_error(self, exc: BaseException) -> None:
+        if not self._outage:
+            self._outage = True
+            logger.error(
+                "beat cannot reach PostgreSQL; sending nothing until it can: %s",
+                exc,
+                extra={"action": "pglock_beat_db_unavailable"},
+            )
+
+    def close(self) -> None:
+        if self._election is not None:
+            self._election.close()
+        super().close()  # type: ignore[misc]
+
+
+def _rows(cursor: Any) -> list[tuple[Any, ...]]:
+    return list(cursor.fetchall()) if cursor.description else []
+
+
+class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
+    """A complete scheduler: entries from ``beat_schedule``, state in PostgreSQL.
+
+    No local shelve file: what was sent lives in the ``beat``/``beat_sends`` tables, so a
+    replica that takes over knows it.
+    """
+
+    def setup_schedule(self) -> None:
+        self.install_default_entries(self.data)
+        self.merge_inplace(self.app.conf.beat_schedule)
+        self._load_state()
+
+    def _load_state(self) -> None:
+        try:
+            with connect(self.pglock_settings) as conn:
+                self._ensure_schema(conn)
+                query = self.pglock_tables.query("beat_state")
+                rows = conn.execute(query, {"namespace": self.pglock_beat.namespace}).fetchall()
+            state = {row[0]: row for row in rows}
+        except (psycopg.Error, PgLockError) as exc:
+            self._db_error(exc)
+            return
+        for name, entry in self.data.items():
+            if name in state and state[name][2] is not None:
+                entry.last_run_at = state[name][2]
+                entry.total_run_count = state[name][3]
+
+    def sync(self) -> None:
+        """Nothing to do: state is written to PostgreSQL as each slot is sent."""
+
+    @property
+    def info(self) -> str:
+        mode = "leader election" if self.pglock_beat.leader_mode else "active-active"
+        return f"    . celery-pglock: {mode}, schema {self.pglock_settings.schema!r}"
