@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.apps import testapp
-from tests.faults.workload import Report, Sent, Workload
+from tests.faults.workload import Invariants, Report, Sent, Workload
 from tests.fixtures.procs import Procs
 
 pytestmark = pytest.mark.faults
@@ -81,19 +81,8 @@ def run(pg_dsn: str, redis_url: str, run_procs: Procs) -> Any:
         w.drop()
 
 
-def test_no_slot_succeeded_twice(run: Run) -> None:
-    """Unicode and maximal names and slots are deduplicated like any other."""
-    assert [] == run.report.succeeded_twice
-
-
-def test_every_message_is_resolved(run: Run) -> None:
-    """Every message ended SUCCESS, SKIPPED with a reason or FAILURE with its error."""
-    assert ([], []) == (run.report.unresolved, run.report.unsettled)
-
-
-def test_nothing_is_left_behind(run: Run) -> None:
-    """Once the worker stopped, no lock is held and no session is open; it exited cleanly."""
-    assert ([], [], []) == (run.report.held_locks, run.report.open_sessions, run.report.crashed)
+class TestInvariants(Invariants):
+    """The run keeps every promise (``workload.Invariants``)."""
 
 
 @pytest.mark.parametrize("case", ["unicode", "largest"])

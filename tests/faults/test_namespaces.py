@@ -22,8 +22,8 @@ from celery_pglock.cli.command import pglock
 from celery_pglock.config import Settings
 from celery_pglock.db import Database, close_all, database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import Claim
-from celery_pglock.locks import Lease, acquire, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Claim, Lease
 
 pytestmark = pytest.mark.faults
 

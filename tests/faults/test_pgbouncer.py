@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
-from tests.faults.workload import Run, Sent, Workload
+from tests.faults.workload import Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Proc, Procs
 from tests.fixtures.services import unavailable
 
@@ -74,24 +74,8 @@ def run(pg_dsn: str, redis_url: str, run_procs: Procs) -> Iterator[Run]:
         w.drop()
 
 
-def test_no_slot_succeeded_twice(run: Run) -> None:
-    """Through both pool modes, no (lock name, slot) succeeded twice."""
-    assert [] == run.report.succeeded_twice
-
-
-def test_every_slot_and_message_is_resolved(run: Run) -> None:
-    """Every slot succeeded or failed with a reason; every message ended with a final state."""
-    assert ([], []) == (run.report.unresolved, run.report.unsettled)
-
-
-def test_nothing_is_left_behind(run: Run) -> None:
-    """Once the processes and PgBouncer stopped, no lock is held, no session is open."""
-    assert ([], []) == (run.report.held_locks, run.report.open_sessions)
-
-
-def test_processes_recovered_by_themselves(run: Run) -> None:
-    """Workers and the session-pooled beat exited cleanly on SIGTERM."""
-    assert [] == run.report.crashed, run.workload.exit_codes
+class TestInvariants(Invariants):
+    """The run keeps every promise (``workload.Invariants``)."""
 
 
 def test_session_scope_through_transaction_pooling_fails_naming_the_fix(run: Run) -> None:

@@ -26,10 +26,10 @@ from celery_pglock.config import Settings, check_dsn
 from celery_pglock.db import Database, connect
 from celery_pglock.errors import PgLockError
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import Claim
-from celery_pglock.locks import Lease, acquire, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Claim, Lease
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from tests.faults.workload import MEASUREMENTS, Run, Sent, Workload
+from tests.faults.workload import MEASUREMENTS, Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.faults
@@ -184,25 +184,10 @@ def run(redis_url: str, run_pg: EmbeddedPostgres, run_procs: Procs) -> Run:
     return result
 
 
-def test_no_slot_succeeded_twice(run: Run) -> None:
-    """Under the least-privilege role and the connection cap, no slot succeeded twice."""
-    assert [] == run.report.succeeded_twice
-    assert run.report.slots > BURST
+class TestInvariants(Invariants):
+    """The run keeps every promise (``workload.Invariants``)."""
 
-
-def test_every_slot_and_message_is_resolved(run: Run) -> None:
-    """Every slot succeeded or failed with a reason; every message ended with a final state."""
-    assert ([], []) == (run.report.unresolved, run.report.unsettled)
-
-
-def test_nothing_is_left_behind(run: Run) -> None:
-    """Once the processes stopped, no lock of the namespace is held, no session is open."""
-    assert ([], []) == (run.report.held_locks, run.report.open_sessions)
-
-
-def test_processes_recovered_by_themselves(run: Run) -> None:
-    """The worker and beat rode out the connection cap and exited cleanly on SIGTERM."""
-    assert [] == run.report.crashed, run.workload.exit_codes
+    min_slots = BURST + 1
 
 
 def test_least_privilege_role_migrates_and_owns_the_tables(run: Run) -> None:

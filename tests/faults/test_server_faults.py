@@ -18,7 +18,7 @@ import pytest
 
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
-from tests.faults.workload import Run, Sent, Workload
+from tests.faults.workload import Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.faults
@@ -139,25 +139,10 @@ def run(redis_url: str, run_pg: EmbeddedPostgres, run_procs: Procs) -> Run:
     return result
 
 
-def test_no_slot_succeeded_twice(run: Run) -> None:
-    """Across every fault of the run, no (lock name, slot) succeeded twice."""
-    assert [] == run.report.succeeded_twice
-    assert run.report.slots > 10
+class TestInvariants(Invariants):
+    """The run keeps every promise (``workload.Invariants``)."""
 
-
-def test_every_slot_and_message_is_resolved(run: Run) -> None:
-    """Every slot succeeded or failed with a reason; every message ended with a final state."""
-    assert ([], []) == (run.report.unresolved, run.report.unsettled)
-
-
-def test_nothing_is_left_behind(run: Run) -> None:
-    """Once the processes stopped, no lock of the namespace is held, no session is open."""
-    assert ([], []) == (run.report.held_locks, run.report.open_sessions)
-
-
-def test_processes_recovered_by_themselves(run: Run) -> None:
-    """No process died or needed a restart by hand; all exited cleanly on SIGTERM."""
-    assert [] == run.report.crashed, run.workload.exit_codes
+    min_slots = 11
 
 
 def test_terminated_holder_is_superseded_and_cannot_record_success(run: Run) -> None:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from tests.faults.workload import MEASUREMENTS, Report, Sent, Workload
+from tests.faults.workload import MEASUREMENTS, Invariants, Report, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.faults
@@ -137,14 +137,8 @@ def test_each_slot_ran_exactly_once(run: Run) -> None:
     assert run.slots == run.report.executions
 
 
-def test_every_slot_and_message_is_resolved(run: Run) -> None:
-    """Every slot succeeded; every message ended SUCCESS or SKIPPED with a reason."""
-    assert ([], []) == (run.report.unresolved, run.report.unsettled)
-
-
-def test_nothing_is_left_behind(run: Run) -> None:
-    """Once the workers stopped, no lock is held and no session is open."""
-    assert ([], [], []) == (run.report.held_locks, run.report.open_sessions, run.report.crashed)
+class TestInvariants(Invariants):
+    """The run keeps every promise (``workload.Invariants``)."""
 
 
 def test_session_count_stays_constant(run: Run) -> None:

@@ -97,6 +97,33 @@ class Run:
         return self.workload.procs
 
 
+class Invariants:
+    """The promises every fault run keeps, one test each. A fault module judges its run
+    (its ``run`` fixture) with ``class TestInvariants(Invariants)``; ``min_slots``: how
+    many slots its scenario must have produced at least, so that a run that did nothing
+    cannot pass."""
+
+    min_slots = 0
+
+    def test_no_slot_succeeded_twice(self, run: Run) -> None:
+        """Across every fault of the run, no (lock name, slot) succeeded twice."""
+        assert [] == run.report.succeeded_twice
+        assert run.report.slots >= self.min_slots
+
+    def test_every_slot_and_message_is_resolved(self, run: Run) -> None:
+        """Every slot succeeded or failed with a reason; every message ended with a final
+        state (SUCCESS, SKIPPED with a reason, FAILURE with its error)."""
+        assert ([], []) == (run.report.unresolved, run.report.unsettled)
+
+    def test_nothing_is_left_behind(self, run: Run) -> None:
+        """Once the processes stopped, no lock of the namespace is held, no session is open."""
+        assert ([], []) == (run.report.held_locks, run.report.open_sessions)
+
+    def test_processes_recovered_by_themselves(self, run: Run) -> None:
+        """No process died or needed a restart by hand; all exited cleanly on SIGTERM."""
+        assert [] == run.report.crashed, run.workload.exit_codes
+
+
 class Workload:
     """Worker and beat processes of ``faultapp`` on a schema, queue and namespace of its own."""
 
