@@ -34,8 +34,9 @@ from celery_pglock import PgLockTask
 from celery_pglock.config import Settings, app_settings
 from celery_pglock.db import Database, close_all, database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import SUCCEEDED, Claim, enqueued_skip
-from celery_pglock.locks import Lease, acquire, release
+from celery_pglock.ledger import SUCCEEDED, enqueued_skip
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Claim, Lease
 
 DONE_SLOT = "2026-01-01T00:00:00Z"
 LOCK = f"{common.KEY_PREFIX}:job"

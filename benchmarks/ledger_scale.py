@@ -28,8 +28,9 @@ from benchmarks import common
 from celery_pglock.config import Settings
 from celery_pglock.db import Database, close_all, database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import SUCCEEDED, Claim
-from celery_pglock.locks import Lease, acquire, release
+from celery_pglock.ledger import SUCCEEDED
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Claim, Lease
 from celery_pglock.retention import prune
 from celery_pglock.schema import Tables
 

@@ -29,8 +29,9 @@ from celery_pglock import PgLockTask, unwaited
 from celery_pglock import signals as pglock_signals
 from celery_pglock.db import HOSTNAME
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import Claim, holder_application_name
+from celery_pglock.ledger import holder_application_name
 from celery_pglock.locks import RELEASE_UNWAITED, acquire_fragments
+from celery_pglock.protocol import Claim
 from celery_pglock.schema import Tables
 
 ENV = os.environ

@@ -24,7 +24,7 @@ from celery_pglock.config import Settings
 from celery_pglock.db import database
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import Claim, Skip, enqueued_skip
+from celery_pglock.ledger import enqueued_skip
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
@@ -33,6 +33,7 @@ from celery_pglock.messages import (
     message_slot,
 )
 from celery_pglock.names import lock_name
+from celery_pglock.protocol import Claim, Skip
 from celery_pglock.states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")

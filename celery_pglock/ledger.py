@@ -1,24 +1,22 @@
 """The run ledger: one durable row per (lock name, slot), and the log of skipped messages.
 
 The claim itself happens in the same statement as the advisory lock (see ``locks``); this
-module records outcomes and skips and turns rows into the meta a skipped task reports.
+module records outcomes and skips and turns rows into the meta a skipped task reports
+(the ``Claim`` and ``Skip`` it is given and gives are in ``protocol``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
 
 from celery_pglock.config import Settings
-from celery_pglock.db import HOSTNAME, Connection, Database, connect
-from celery_pglock.keys import split_key
+from celery_pglock.db import Connection, Database, connect
+from celery_pglock.protocol import Claim, Skip
 from celery_pglock.schema import Tables
-from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 
 logger = logging.getLogger("celery_pglock")
 
@@ -33,73 +31,6 @@ ORPHAN_SWEEP_LIMIT = 100  # rows per sweep: bounds the time a sweep takes from b
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One attempt to run under a lock: what is locked and who asks.
-
-    ``coalesce``: skip (``superseded``) when a newer time slot of the lock (and of the same
-    beat ``entry``, when known) already succeeded or is running. ``max_lateness``: skip
-    (``late``) a time slot older than that many seconds. Neither applies to other slots.
-    """
-
-    lock_name: str
-    key: int
-    slot: str | None
-    task_id: str | None
-    task_name: str | None
-    host: str = HOSTNAME
-    pid: int = 0
-    entry: str | None = None
-    coalesce: bool = False
-    max_lateness: float | None = None
-
-    def params(self) -> dict[str, Any]:
-        classid, objid = split_key(self.key)
-        timed = is_time_slot(self.slot)
-        return {
-            **self._identity(classid, objid),
-            "entry": self.entry,
-            "newer_than": self.slot if self.coalesce and timed else None,
-            "slot_pattern": SLOT_PATTERN,
-            "slot_time": self.slot if self.max_lateness is not None and timed else None,
-            "max_lateness": self.max_lateness,
-        }
-
-    def _identity(self, classid: int, objid: int) -> dict[str, Any]:
-        return {
-            "lock_name": self.lock_name,
-            "key": self.key,
-            "slot": self.slot,
-            "task_id": self.task_id,
-            "task_name": self.task_name,
-            "host": self.host,
-            "pid": self.pid or os.getpid(),
-            "classid": classid,
-            "objid": objid,
-        }
-
-
-@dataclass(frozen=True)
-class Skip:
-    """Why a message did not run, with who holds the lock or ran the slot."""
-
-    reason: str
-    lock: str
-    slot: str | None
-    holder: dict[str, Any] | None
-    token: int | None
-
-    def meta(self) -> dict[str, Any]:
-        """What the result backend stores for the ``SKIPPED`` state (JSON-serializable)."""
-        return {
-            "reason": self.reason,
-            "lock": self.lock,
-            "slot": self.slot,
-            "holder": self.holder,
-            "token": self.token,
-        }
 
 
 def short_reason(text: str) -> str:

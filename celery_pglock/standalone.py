@@ -30,15 +30,9 @@ from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
 from celery_pglock.db import Connection, Database, database, translate_error
 from celery_pglock.errors import ConfigurationError, LockLost, PgLockError
 from celery_pglock.keys import check_lock_name, check_slot, lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED, Claim, Skip, record_failure_after_rollback
-from celery_pglock.locks import (
-    ARM_SESSION_LEASE,
-    ARM_TRANSACTION_LEASE,
-    Lease,
-    abandon,
-    acquire,
-    release,
-)
+from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
+from celery_pglock.locks import ARM_SESSION_LEASE, ARM_TRANSACTION_LEASE, abandon, acquire, release
+from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.schema import Tables
 
 logger = logging.getLogger("celery_pglock")

@@ -36,12 +36,10 @@ from celery_pglock.keys import lock_key
 from celery_pglock.ledger import (
     FAILED,
     SUCCEEDED,
-    Claim,
-    Skip,
     record_failure_after_rollback,
     record_worker_lost,
 )
-from celery_pglock.locks import Lease, abandon, acquire, release
+from celery_pglock.locks import abandon, acquire, release
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
@@ -53,6 +51,7 @@ from celery_pglock.messages import (
     message_slot,
 )
 from celery_pglock.outage import OutageLog
+from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")

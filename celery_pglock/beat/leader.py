@@ -29,8 +29,8 @@ from celery_pglock.db import (
     watch_client,
 )
 from celery_pglock.errors import PgLockError
-from celery_pglock.ledger import Claim
-from celery_pglock.locks import Lease, unwatch, watch
+from celery_pglock.heartbeat import unwatch, watch
+from celery_pglock.protocol import Claim, Lease
 
 logger = logging.getLogger("celery_pglock.beat")
 

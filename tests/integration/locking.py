@@ -19,8 +19,8 @@ from psycopg.rows import dict_row
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.keys import lock_key, split_key
-from celery_pglock.ledger import Claim, Skip
-from celery_pglock.locks import Lease, acquire
+from celery_pglock.locks import acquire
+from celery_pglock.protocol import Claim, Lease, Skip
 from tests.fixtures.procs import wait_until
 
 Conn = psycopg.Connection[tuple[Any, ...]]

@@ -15,8 +15,9 @@ import pytest
 
 from celery_pglock.config import Scope, Settings
 from celery_pglock.db import Database
-from celery_pglock.ledger import SUCCEEDED, Claim
-from celery_pglock.locks import Lease, acquire, release
+from celery_pglock.ledger import SUCCEEDED
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Claim, Lease
 from celery_pglock.slots import format_slot
 from tests.integration.locking import (
     Conn,

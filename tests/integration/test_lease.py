@@ -18,8 +18,10 @@ import pytest
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
+from celery_pglock.heartbeat import heartbeat
 from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import Lease, Released, acquire, heartbeat, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Lease, Released
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -46,8 +48,9 @@ HOLDER = textwrap.dedent(
     from celery_pglock.db import database
     from celery_pglock.errors import LockLost
     from celery_pglock.keys import lock_key
-    from celery_pglock.ledger import Claim
-    from celery_pglock.locks import Lease, acquire, release
+    from celery_pglock.protocol import Claim
+    from celery_pglock.locks import acquire, release
+    from celery_pglock.protocol import Lease
 
     db = database(Settings(dsn=os.environ["DSN"], schema=os.environ["SCHEMA"]))
     name, slot = os.environ["LOCK"], os.environ["SLOT"]

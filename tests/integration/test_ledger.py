@@ -12,7 +12,8 @@ from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, Database
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import FAILED, SUCCEEDED, abandon_orphans, record_outcome
-from celery_pglock.locks import Lease, Released, acquire, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Lease, Released
 from tests.integration.locking import (
     Conn,
     claim,

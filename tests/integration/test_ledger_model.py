@@ -38,9 +38,11 @@ from hypothesis.stateful import (
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
+from celery_pglock.heartbeat import heartbeat
 from celery_pglock.keys import lock_key, split_key
 from celery_pglock.ledger import ABANDONED, FAILED, SUCCEEDED, abandon_orphans, record_outcome
-from celery_pglock.locks import Lease, Released, acquire, heartbeat, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Lease, Released
 from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (

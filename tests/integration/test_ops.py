@@ -41,8 +41,9 @@ from celery_pglock import signals
 from celery_pglock.config import Settings
 from celery_pglock.db import database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import Claim
-from celery_pglock.locks import Lease, acquire
+from celery_pglock.protocol import Claim
+from celery_pglock.locks import acquire
+from celery_pglock.protocol import Lease
 
 dsn, schema, name, scope, slot, task_id, lease = sys.argv[1:8]
 lost = threading.Event()

@@ -133,7 +133,7 @@ FORK_CHILD = textwrap.dedent(
     from celery_pglock.config import Settings
     from celery_pglock.db import database
     from celery_pglock.keys import lock_key
-    from celery_pglock.ledger import Claim
+    from celery_pglock.protocol import Claim
     from celery_pglock.locks import acquire
 
     settings = Settings(dsn=os.environ["DSN"], schema=os.environ["SCHEMA"])

@@ -19,8 +19,8 @@ from celery_pglock import PgLockTask, signals
 from celery_pglock.config import app_settings
 from celery_pglock.db import HOSTNAME, Database, close_all, database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import Skip
-from celery_pglock.locks import Lease, acquire
+from celery_pglock.locks import acquire
+from celery_pglock.protocol import Lease, Skip
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

@@ -20,7 +20,8 @@ from celery_pglock import locks, unwaited
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import Released, acquire, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Released
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

@@ -1,0 +1,202 @@
+"""The types the locking protocol passes between its steps, in the order of a run.
+
+``Claim``: one attempt to run under a lock (what is locked, for which slot, who asks).
+``acquire`` answers with a ``Lease`` (granted: the task's ``self.pglock``) or a ``Skip``
+(why not, and who holds the lock or ran the slot); ``release`` with a ``Released``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from celery_pglock import signals
+from celery_pglock.config import Scope
+from celery_pglock.db import HOSTNAME, Connection
+from celery_pglock.errors import LockLost
+from celery_pglock.keys import split_key
+from celery_pglock.slots import SLOT_PATTERN, is_time_slot
+
+logger = logging.getLogger("celery_pglock")
+
+PING_SQL = "SELECT 1"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One attempt to run under a lock: what is locked and who asks.
+
+    ``coalesce``: skip (``superseded``) when a newer time slot of the lock (and of the same
+    beat ``entry``, when known) already succeeded or is running. ``max_lateness``: skip
+    (``late``) a time slot older than that many seconds. Neither applies to other slots.
+    """
+
+    lock_name: str
+    key: int
+    slot: str | None
+    task_id: str | None
+    task_name: str | None
+    host: str = HOSTNAME
+    pid: int = 0
+    entry: str | None = None
+    coalesce: bool = False
+    max_lateness: float | None = None
+
+    def params(self) -> dict[str, Any]:
+        classid, objid = split_key(self.key)
+        timed = is_time_slot(self.slot)
+        return {
+            **self._identity(classid, objid),
+            "entry": self.entry,
+            "newer_than": self.slot if self.coalesce and timed else None,
+            "slot_pattern": SLOT_PATTERN,
+            "slot_time": self.slot if self.max_lateness is not None and timed else None,
+            "max_lateness": self.max_lateness,
+        }
+
+    def _identity(self, classid: int, objid: int) -> dict[str, Any]:
+        return {
+            "lock_name": self.lock_name,
+            "key": self.key,
+            "slot": self.slot,
+            "task_id": self.task_id,
+            "task_name": self.task_name,
+            "host": self.host,
+            "pid": self.pid or os.getpid(),
+            "classid": classid,
+            "objid": objid,
+        }
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Why a message did not run, with who holds the lock or ran the slot."""
+
+    reason: str
+    lock: str
+    slot: str | None
+    holder: dict[str, Any] | None
+    token: int | None
+
+    def meta(self) -> dict[str, Any]:
+        """What the result backend stores for the ``SKIPPED`` state (JSON-serializable)."""
+        return {
+            "reason": self.reason,
+            "lock": self.lock,
+            "slot": self.slot,
+            "holder": self.holder,
+            "token": self.token,
+        }
+
+
+@dataclass
+class Lease:
+    """A granted lock: what the task sees as ``self.pglock``."""
+
+    claim: Claim
+    scope: Scope
+    connection: Connection
+    token: int
+    attempts: int | None
+    lease: float | None
+    lost_cause: str | None = None
+    last_ping: float = field(default_factory=time.monotonic)
+    # When the server last answered on the lock's connection (the grant, a ping, a check).
+    confirmed: float = field(default_factory=time.monotonic)
+    released: bool = False  # release began: the heartbeat must not use the connection
+
+    @property
+    def lock(self) -> str:
+        return self.claim.lock_name
+
+    @property
+    def slot(self) -> str | None:
+        return self.claim.slot
+
+    @property
+    def known_lost(self) -> bool:
+        """True once we know the server took the lock away (no round trip)."""
+        return self.lost_cause is not None
+
+    @property
+    def lost(self) -> bool:
+        """True once the server took the lock away. Asks the server first when it has not
+        answered for half the lease: after a freeze (SIGSTOP, a GC pause) the lease may
+        have run out before the heartbeat, waking at the same moment, could say so."""
+        if not self.known_lost and not self.released and self._unconfirmed():
+            self.ask_server()
+        return self.known_lost
+
+    def check(self) -> None:
+        """Raise ``LockLost`` unless the lock is still held. Asks the server now, after any
+        heartbeat ping in flight: a ping that is busy must not read as "held"."""
+        if not self.known_lost and not self.released:
+            self.ask_server()
+        if self.known_lost:
+            raise LockLost(
+                f"lock {self.lock!r} (token {self.token}) was lost: {self.lost_cause}; "
+                "a newer holder may be running, abandon the work"
+            )
+
+    def _unconfirmed(self) -> bool:
+        return self.lease is not None and time.monotonic() - self.confirmed > self.lease / 2
+
+    def ask_server(self) -> None:
+        """One round trip on the lock connection: marks the lease lost if the session ended."""
+        # The caller's thread is not using the connection (it is the body's own, or the
+        # body's thread is the caller), so waiting for its lock waits only for a ping.
+        try:
+            self.connection.execute(PING_SQL)
+        except psycopg.Error as exc:
+            judge_failure(self, exc)
+        else:
+            self.confirmed = time.monotonic()
+
+    def mark_lost(self, cause: str) -> None:
+        if self.known_lost:
+            return
+        self.lost_cause = cause
+        logger.warning(
+            "lost lock %r (slot %s, token %d): %s",
+            self.lock,
+            self.slot,
+            self.token,
+            cause,
+            extra={
+                "action": "pglock_lock_lost",
+                "lock": self.lock,
+                "slot": self.slot,
+                "token": self.token,
+            },
+        )
+        signals.lock_lost.send(
+            sender=self.claim.task_name,
+            lock=self.lock,
+            slot=self.slot,
+            token=self.token,
+            cause=cause,
+        )
+
+
+def judge_failure(lease: Lease, exc: psycopg.Error) -> None:
+    """Mark ``lease`` lost if ``exc``, raised on its connection, means the session ended."""
+    if lease.released:  # released meanwhile: the connection is no longer the lease's
+        return
+    # The session is gone on an OperationalError, or when the server ended it with an
+    # error of another class (IdleInTransactionSessionTimeout is an InternalError).
+    # Otherwise (e.g. the task's transaction is aborted) the session and the lock live on.
+    if isinstance(exc, psycopg.OperationalError) or lease.connection.closed:
+        lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+
+
+@dataclass(frozen=True)
+class Released:
+    """How a release went: the outcome recorded, the lock lost before it."""
+
+    recorded: bool
+    lost: bool
