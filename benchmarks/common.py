@@ -24,7 +24,7 @@ import psycopg
 import redis
 from psycopg import sql
 
-from celery_pglock.db import ensure_schema
+from celery_pglock.migrations import ensure_schema
 from celery_pglock.schema import Tables
 
 T = TypeVar("T")

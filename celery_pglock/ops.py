@@ -28,6 +28,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from celery_pglock import db as pgdb
+from celery_pglock import migrations
 from celery_pglock.config import Settings
 from celery_pglock.db import Connection
 from celery_pglock.errors import SchemaMissing
@@ -69,7 +70,7 @@ def jsonable(value: Any) -> Any:
 
 def require_tables(conn: Connection, tables: Tables) -> int:
     """The schema version, or ``SchemaMissing`` saying where we looked and what to do."""
-    version = pgdb.current_version(conn, tables)
+    version = migrations.current_version(conn, tables)
     if version is None:
         raise SchemaMissing(
             f"no celery-pglock tables in schema {tables.schema!r} with prefix "
@@ -248,8 +249,8 @@ def holders(conn: Connection, tables: Tables, name: str) -> list[Row]:
 
 
 @dataclass(frozen=True)
-class Released:
-    """What ``release`` did: the sessions ended, and whether they let go in time."""
+class ForcedRelease:
+    """What ``force_release`` did: the sessions ended, and whether they let go in time."""
 
     lock: str
     key: int
@@ -262,9 +263,9 @@ class Released:
         return payload
 
 
-def release(
+def force_release(
     conn: Connection, tables: Tables, name: str, *, wait: float = RELEASE_WAIT
-) -> Released | None:
+) -> ForcedRelease | None:
     """End the session(s) holding ``name`` (``pg_terminate_backend``); None if it is free.
 
     The server frees a session's advisory locks when it ends it; the holder learns on its
@@ -280,7 +281,9 @@ def release(
     params = {"classid": classid, "objid": objid, "pids": [h["backend_pid"] for h in found]}
     ended = {row["backend_pid"] for row in _fetch(conn, tables.query("ops_terminate"), params)}
     terminated = [h for h in found if h["backend_pid"] in ended]
-    done = Released(name, key, terminated, _wait_released(conn, tables, params, wait), operator())
+    done = ForcedRelease(
+        name, key, terminated, _wait_released(conn, tables, params, wait), operator()
+    )
     for holder in terminated:
         _log_release(done, holder)
     return done
@@ -299,7 +302,7 @@ def _wait_released(conn: Connection, tables: Tables, params: Row, wait: float) -
         time.sleep(0.05)
 
 
-def _log_release(done: Released, holder: Row) -> None:
+def _log_release(done: ForcedRelease, holder: Row) -> None:
     logger.warning(
         "lock %r released by %s: terminated backend %d (holder %s pid %s task %s)",
         done.lock,
@@ -337,6 +340,6 @@ def migrate(settings: Settings, **connect_overrides: Any) -> Migrated:
     """Create or upgrade the tables now (what workers otherwise do on first use)."""
     tables = settings.tables
     with pgdb.connect(settings, **connect_overrides) as conn:
-        applied = pgdb.migrate(conn, tables)
-        version = pgdb.current_version(conn, tables) or 0
+        applied = migrations.apply_migrations(conn, tables)
+        version = migrations.current_version(conn, tables) or 0
     return Migrated(applied, version, tables.schema, tables.prefix)

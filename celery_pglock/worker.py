@@ -22,7 +22,6 @@ from celery_pglock.db import (
     close_all,
     connect,
     database,
-    ensure_schema,
     pooler_message,
     serve_tasks,
     size_for_worker,
@@ -31,6 +30,7 @@ from celery_pglock.db import (
 )
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.messages import BUILTIN_PREFIX
+from celery_pglock.migrations import ensure_schema
 from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock")

@@ -21,17 +21,11 @@ from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
-from celery_pglock.db import (
-    FIX_BEAT,
-    connect,
-    database,
-    ensure_schema,
-    pooler_message,
-    transaction_pooled,
-)
+from celery_pglock.db import FIX_BEAT, connect, database, pooler_message, transaction_pooled
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.keys import default_lock_name, leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock.migrations import ensure_schema
 from celery_pglock.names import lock_name
 from celery_pglock.retention import AutoPrune
 from celery_pglock.task import PgLockMixin

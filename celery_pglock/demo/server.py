@@ -17,8 +17,8 @@ import psycopg
 from psycopg import sql
 
 from celery_pglock.config import redact
-from celery_pglock.db import migrate
 from celery_pglock.demo import store
+from celery_pglock.migrations import apply_migrations
 from celery_pglock.schema import Tables
 from celery_pglock.testing.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
@@ -74,7 +74,7 @@ def demo_schema(dsn: str, name: str | None) -> Iterator[str]:
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            migrate(conn, Tables(schema))
+            apply_migrations(conn, Tables(schema))
             store.create(conn, schema)
     except psycopg.Error as exc:
         raise DemoSetupError(

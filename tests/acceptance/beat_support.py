@@ -37,7 +37,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from celery_pglock.db import ensure_schema
+from celery_pglock.migrations import ensure_schema
 from celery_pglock.schema import Tables
 from tests.apps import testapp
 from tests.apps.harness import app_env

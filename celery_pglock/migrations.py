@@ -1,0 +1,74 @@
+"""The schema's migrations: which version is applied, and applying the missing ones
+(``sql/migrations``), under an advisory lock so that concurrent processes do it once."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from celery_pglock import schema
+from celery_pglock.errors import SchemaMissing
+from celery_pglock.keys import lock_key
+
+logger = logging.getLogger("celery_pglock")
+
+Connection = psycopg.Connection[Any]
+
+
+def migration_key(tables: schema.Tables) -> int:
+    return lock_key(f"celery-pglock:migrate:{tables.schema}.{tables.prefix}")
+
+
+def current_version(conn: Connection, tables: schema.Tables) -> int | None:
+    """The applied schema version, or None when our tables do not exist."""
+    qualified = tables.table("schema_version").as_string()
+    exists = conn.execute(schema.VERSION_TABLE_EXISTS_SQL, {"table": qualified}).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(tables.render(schema.CURRENT_VERSION_SQL)).fetchone()
+    return row[0] if row else None
+
+
+def ensure_schema(conn: Connection, tables: schema.Tables, *, auto_migrate: bool) -> None:
+    """Create or upgrade our tables (under an advisory lock), or say how to."""
+    version = current_version(conn, tables)
+    if version is not None and version >= schema.latest_version():
+        return
+    if not auto_migrate:
+        raise SchemaMissing(
+            f"celery-pglock tables in schema {tables.schema!r} are missing or outdated "
+            f"(version {version}, need {schema.latest_version()}) and pglock_auto_migrate is "
+            "off: run `celery -A proj pglock migrate`, or have a DBA apply the SQL printed by "
+            "`celery -A proj pglock migrate --sql`"
+        )
+    apply_migrations(conn, tables)
+
+
+def apply_migrations(conn: Connection, tables: schema.Tables) -> list[int]:
+    """Apply missing migrations in one transaction; concurrent callers wait, then no-op."""
+    applied: list[int] = []
+    with conn.transaction():
+        # Whatever default_transaction_isolation says: a waiter must see the winner's rows.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        conn.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": migration_key(tables)})
+        exists = conn.execute(schema.SCHEMA_EXISTS_SQL, {"schema": tables.schema}).fetchone()
+        if not exists or not exists[0]:
+            conn.execute(tables.render(schema.CREATE_SCHEMA_SQL))
+        conn.execute(tables.render(schema.VERSION_TABLE_SQL))
+        done = current_version(conn, tables) or 0
+        for version, _ in schema.migrations():
+            if version > done:
+                conn.execute(tables.migration_sql(version).encode())
+                conn.execute(tables.render(schema.RECORD_VERSION_SQL), {"version": version})
+                applied.append(version)
+    if applied:
+        logger.info(
+            "celery-pglock schema %s migrated to version %d",
+            sql.Identifier(tables.schema).as_string(),
+            applied[-1],
+            extra={"action": "pglock_schema_migrated", "versions": applied},
+        )
+    return applied
