@@ -1,4 +1,4 @@
-"""``python -m celery_pglock …``: the standalone CLI (``celery-pglock``), or just the demo."""
+"""``python -m celery_pglock …``: the console script (``celery-pglock``), or just the demo."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _standalone() -> Callable[[list[str]], Any] | None:
+def _console() -> Callable[[list[str]], Any] | None:
     """The ``celery-pglock`` console script's ``main``, when the CLI package is installed."""
     try:
-        module = importlib.import_module("celery_pglock.cli.standalone")
+        module = importlib.import_module("celery_pglock.cli.console")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("celery_pglock.cli", "celery_pglock.cli.standalone"):
+        if exc.name not in ("celery_pglock.cli", "celery_pglock.cli.console"):
             raise
         return None
     main: Callable[[list[str]], Any] = module.main
@@ -22,9 +22,9 @@ def _standalone() -> Callable[[list[str]], Any] | None:
 
 def run(argv: list[str]) -> int:
     """Hand ``argv`` to ``celery-pglock``'s CLI; without it, only ``demo`` is understood."""
-    standalone = _standalone()
-    if standalone is not None:
-        result = standalone(argv)  # click exits by itself (SystemExit) when it is done
+    console = _console()
+    if console is not None:
+        result = console(argv)  # click exits by itself (SystemExit) when it is done
         return result if isinstance(result, int) else 0
     if argv[:1] == ["demo"]:
         from celery_pglock.demo import main  # noqa: PLC0415 - only when asked for

@@ -352,11 +352,11 @@ def release(ctx: click.Context, name: str, yes: bool, any_namespace: bool, as_js
         if not yes:
             click.echo(output.holders_text(name, found), err=True)
             raise Refused("refusing to end this session without --yes")
-        done = ops.release(conn, tables, name)
+        done = ops.force_release(conn, tables, name)
     _report_release(name, done, as_json)
 
 
-def _report_release(name: str, done: ops.Released | None, as_json: bool) -> None:
+def _report_release(name: str, done: ops.ForcedRelease | None, as_json: bool) -> None:
     if done is None or not done.terminated:
         raise NotFound(f"lock {name!r} was freed before it could be released")
     if as_json:

@@ -269,7 +269,7 @@ def test_signals_fire_for_acquire_skip_and_lost_lock(
         assert "locked" == duplicate.get(timeout=RESULT_TIMEOUT)["reason"]
         assert SKIPPED == duplicate.state
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            assert ops.release(conn, Tables(pglock_schema), name) is not None
+            assert ops.force_release(conn, Tables(pglock_schema), name) is not None
         wait_until(lambda: received.of("lock_lost"), timeout=RESULT_TIMEOUT)
         gate.set()
         assert "ran" == running.get(timeout=RESULT_TIMEOUT)

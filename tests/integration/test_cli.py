@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 
 from celery_pglock import PgLockTask
 from celery_pglock.cli.command import pglock
-from celery_pglock.cli.standalone import cli as standalone_cli
+from celery_pglock.cli.console import cli as console_cli
 from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, Database
 from celery_pglock.ledger import FAILED, SUCCEEDED
@@ -390,7 +390,7 @@ def test_celery_command_line_exit_code_when_database_is_down(tmp_path: Path) -> 
 
 def test_standalone_command_offers_demo() -> None:
     """`celery-pglock --help` lists the demo subcommand."""
-    result = CliRunner().invoke(standalone_cli, ["--help"])
+    result = CliRunner().invoke(console_cli, ["--help"])
 
     assert 0 == result.exit_code, result.output
     assert "demo" in result.stdout

@@ -315,7 +315,7 @@ def test_release_ends_holder_session_and_holder_notices(
     holder = start_holder(procs, db.settings.dsn, pglock_schema, name, task_id="t-stuck")
 
     with caplog.at_level(logging.WARNING, logger="celery_pglock"):
-        done = ops.release(conn, db.tables, name)
+        done = ops.force_release(conn, db.tables, name)
 
     assert done is not None
     assert done.released
@@ -332,7 +332,7 @@ def test_release_ends_holder_session_and_holder_notices(
 
 def test_release_of_a_free_lock_does_nothing(db: Database, conn: Conn, pglock_schema: str) -> None:
     """Releasing a lock nobody holds returns None and ends no session."""
-    assert ops.release(conn, db.tables, f"{pglock_schema}:free") is None
+    assert ops.force_release(conn, db.tables, f"{pglock_schema}:free") is None
 
 
 # -- prune -------------------------------------------------------------------------------
