@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar, overload
 
 import psycopg
 
@@ -34,6 +34,9 @@ from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollbac
 from celery_pglock.locks import ARM_SESSION_LEASE, ARM_TRANSACTION_LEASE, abandon, acquire, release
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.schema import Tables
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 logger = logging.getLogger("celery_pglock")
 
@@ -49,6 +52,18 @@ WAIT_LOCK: dict[Scope, str] = {
 }
 # lock_timeout ran out, or a statement_timeout set by a DBA cut the wait short.
 WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
+
+
+class LockSettings(TypedDict, total=False):
+    """The options of ``advisory_lock`` and ``run_once``; defaults and checks: ``LockOptions``."""
+
+    dsn: Dsn
+    scope: Scope
+    lease: float | None
+    wait: bool
+    timeout: float | None
+    schema: str
+    table_prefix: str
 
 
 @dataclass(frozen=True)
@@ -137,16 +152,7 @@ class LockHandle:
 
 @contextmanager
 def advisory_lock(
-    name: str,
-    *,
-    dsn: Dsn = None,
-    scope: Scope = "session",
-    lease: float | None = 30.0,
-    wait: bool = False,
-    slot: str | None = None,
-    schema: str = "public",
-    table_prefix: str = "pglock_",
-    timeout: float | None = None,
+    name: str, *, slot: str | None = None, **options: Unpack[LockSettings]
 ) -> Iterator[LockHandle]:
     """Hold lock ``name`` for the ``with`` block, or learn why not (``.acquired``, ``.skip``).
 
@@ -155,9 +161,13 @@ def advisory_lock(
     the block's outcome is recorded (``succeeded``, or ``failed`` when it raises). In
     ``transaction`` scope, ``.connection`` is in the lock's transaction: committed when
     the block ends normally, rolled back when it raises.
+
+    Options (``LockSettings``): ``dsn`` (default: ``PGLOCK_DSN``, else ``DATABASE_URL``),
+    ``scope`` ("session"), ``lease`` (30.0 s; 0 or None: none), ``wait`` (False),
+    ``timeout`` (None: with ``wait``, wait for good), ``schema`` ("public"),
+    ``table_prefix`` ("pglock_").
     """
-    options = LockOptions(dsn, scope, lease, wait, timeout, schema, table_prefix)
-    with hold(options, name, slot) as handle:
+    with hold(LockOptions(**options), name, slot) as handle:
         yield handle
 
 
@@ -346,13 +356,7 @@ def run_once(
     slot: SlotOption = None,
     *,
     bind: Literal[False] = False,
-    dsn: Dsn = None,
-    scope: Scope = "session",
-    lease: float | None = 30.0,
-    wait: bool = False,
-    timeout: float | None = None,
-    schema: str = "public",
-    table_prefix: str = "pglock_",
+    **options: Unpack[LockSettings],
 ) -> Callable[[Callable[P, R]], Callable[P, R | None]]: ...
 
 
@@ -362,13 +366,7 @@ def run_once(
     slot: SlotOption = None,
     *,
     bind: Literal[True],
-    dsn: Dsn = None,
-    scope: Scope = "session",
-    lease: float | None = 30.0,
-    wait: bool = False,
-    timeout: float | None = None,
-    schema: str = "public",
-    table_prefix: str = "pglock_",
+    **options: Unpack[LockSettings],
 ) -> Callable[[Callable[Concatenate[LockHandle, P], R]], Callable[P, R | None]]: ...
 
 
@@ -377,13 +375,7 @@ def run_once(
     slot: SlotOption = None,
     *,
     bind: bool = False,
-    dsn: Dsn = None,
-    scope: Scope = "session",
-    lease: float | None = 30.0,
-    wait: bool = False,
-    timeout: float | None = None,
-    schema: str = "public",
-    table_prefix: str = "pglock_",
+    **options: Unpack[LockSettings],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the function under lock ``name``; skip it (return None, log why) when it is
     held elsewhere or when ``slot`` already succeeded.
@@ -392,7 +384,7 @@ def run_once(
     ``bind=True`` passes the ``LockHandle`` first (its ``token``, ``connection``).
     Other options are ``advisory_lock``'s, checked when the function is decorated.
     """
-    options = LockOptions(dsn, scope, lease, wait, timeout, schema, table_prefix)
+    checked = LockOptions(**options)
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         task_name = f"{function.__module__}.{function.__qualname__}"
@@ -401,7 +393,7 @@ def run_once(
         def once(*args: Any, **kwargs: Any) -> Any:
             lock_name = _option_value(name, "name", args, kwargs)
             slot_value = None if slot is None else _option_value(slot, "slot", args, kwargs)
-            with hold(options, lock_name, slot_value, task_name=task_name) as handle:
+            with hold(checked, lock_name, slot_value, task_name=task_name) as handle:
                 if not handle.acquired:
                     return None
                 return function(handle, *args, **kwargs) if bind else function(*args, **kwargs)
@@ -424,4 +416,12 @@ def _option_value(option: str | Callable[..., Any], what: str, args: Any, kwargs
         ) from exc
 
 
-__all__ = ["LockHandle", "LockOptions", "advisory_lock", "describe_skip", "hold", "run_once"]
+__all__ = [
+    "LockHandle",
+    "LockOptions",
+    "LockSettings",
+    "advisory_lock",
+    "describe_skip",
+    "hold",
+    "run_once",
+]
