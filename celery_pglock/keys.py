@@ -27,15 +27,7 @@ def lock_key(name: str) -> int:
 
 def check_lock_name(name: object) -> str:
     """Return ``name`` if it can be stored and hashed, else raise a ``ValueError`` that says why."""
-    if not isinstance(name, str):
-        raise TypeError(f"a lock name must be a str, got {type(name).__name__}")
-    if not name:
-        raise ValueError("a lock name must not be empty")
-    if "\x00" in name:
-        raise ValueError("a lock name must not contain NUL characters (PostgreSQL text cannot)")
-    if len(name.encode("utf-8")) > MAX_LOCK_NAME_BYTES:
-        raise ValueError(f"a lock name must be at most {MAX_LOCK_NAME_BYTES} bytes in UTF-8")
-    return name
+    return _checked_text(name, "a lock name", "", MAX_LOCK_NAME_BYTES)
 
 
 DEFAULT_NAMESPACE = "celery"
@@ -67,14 +59,17 @@ MAX_SLOT_BYTES = 1024
 
 def check_slot(slot: object) -> str:
     """Return ``slot`` if it is a usable slot id, else raise an error naming the problem."""
-    if not isinstance(slot, str):
-        raise TypeError(
-            f"a slot must be a str (e.g. an ISO date or a business key), got {type(slot).__name__}"
-        )
-    if not slot:
-        raise ValueError("a slot must not be empty")
-    if "\x00" in slot:
-        raise ValueError("a slot must not contain NUL characters (PostgreSQL text cannot)")
-    if len(slot.encode("utf-8")) > MAX_SLOT_BYTES:
-        raise ValueError(f"a slot must be at most {MAX_SLOT_BYTES} bytes in UTF-8")
-    return slot
+    return _checked_text(slot, "a slot", " (e.g. an ISO date or a business key)", MAX_SLOT_BYTES)
+
+
+def _checked_text(value: object, what: str, example: str, max_bytes: int) -> str:
+    """``value`` if it is a string PostgreSQL can store in a key column, else why not."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str{example}, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters (PostgreSQL text cannot)")
+    if len(value.encode("utf-8")) > max_bytes:
+        raise ValueError(f"{what} must be at most {max_bytes} bytes in UTF-8")
+    return value
