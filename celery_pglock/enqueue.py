@@ -82,12 +82,10 @@ def skipped_before_publish(
     try:
         skip = enqueued_skip(database(settings), claim)
     except (DatabaseUnavailable, psycopg.Error) as exc:
+        what = f"{task.name} slot {claim.slot}"
+        extra = {"action": "pglock_enqueue_check_failed", "lock": claim.lock_name}
         logger.warning(
-            "could not check %s slot %s before publishing, publishing it: %s",
-            task.name,
-            claim.slot,
-            exc,
-            extra={"action": "pglock_enqueue_check_failed", "lock": claim.lock_name},
+            "could not check %s before publishing, publishing it: %s", what, exc, extra=extra
         )
         return None
     if skip is None:
