@@ -22,15 +22,14 @@ import pytest
 from celery import signals as celery_signals
 from celery.result import AsyncResult
 
-from celery_pglock import SKIPPED, task
+from celery_pglock import SKIPPED, config, task
 from celery_pglock.db import close_all
 from celery_pglock.slots import format_slot
 from tests.apps import testapp
 from tests.apps.harness import (
-    app_env,
     configure_client,
     executions,
-    redis_result_backend,
+    redis_app_env,
     start_workers,
 )
 from tests.fixtures.pg import fresh_schema
@@ -128,7 +127,7 @@ def drained(backlogs: dict[str, Backlog]) -> bool:
 
 def forget_client_settings() -> None:
     """The in-test client reads pglock settings once per app; this module has its own."""
-    task._settings.pop(testapp.app, None)
+    config._app_settings.pop(testapp.app, None)
     for registered in testapp.app.tasks.values():
         if isinstance(registered, task.PgLockMixin):
             registered._pglock_options = None
@@ -140,12 +139,10 @@ def lab(pg_dsn: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -
     root = tmp_path_factory.mktemp("coalesce")
     procs = Procs(root, cwd=Path.cwd())
     with fresh_schema(pg_dsn) as schema:
-        env = app_env(
+        env = redis_app_env(
             pg_dsn=pg_dsn,
             schema=schema,
-            broker_url=redis_url,
-            backend_url=redis_result_backend(redis_url),
-            TEST_NAMESPACE=schema,
+            redis_url=redis_url,
         )
         configure_client(env)
         forget_client_settings()

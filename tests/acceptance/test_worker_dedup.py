@@ -16,6 +16,9 @@ from celery.result import AsyncResult
 from celery_pglock import SKIPPED
 from tests.apps import testapp
 from tests.apps.harness import (
+    DEADLINE,
+    SLOT,
+    SLOTTED,
     Gate,
     app_env,
     configure_client,
@@ -29,10 +32,6 @@ from tests.apps.harness import (
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.acceptance
-
-SLOT = "2026-11-29T18:05:00Z"
-SLOTTED = {"pglock_slot": SLOT}
-DEADLINE = 30.0  # seconds; generous, the machine runs other suites meanwhile
 
 
 def worker_env(pg_dsn: str, schema: str, broker_url: str, backend_url: str) -> dict[str, str]:

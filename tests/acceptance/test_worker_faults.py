@@ -17,13 +17,18 @@ import pytest
 from celery_pglock import StaleToken
 from tests.apps import testapp
 from tests.apps.harness import (
+    DEADLINE,
+    LONG_LEASE,
+    SLOTTED,
     Gate,
     app_env,
     configure_client,
     executions,
     executions_when,
+    kill_running_child,
     ledger,
     observations,
+    redis_app_env,
     redis_result_backend,
     start_workers,
     writes,
@@ -34,10 +39,6 @@ from tests.fixtures.services import all_brokers
 
 pytestmark = pytest.mark.acceptance
 
-SLOT = "2026-11-29T18:05:00Z"
-SLOTTED = {"pglock_slot": SLOT}
-DEADLINE = 30.0  # seconds; generous, the machine runs other suites meanwhile
-LONG_LEASE = 120  # seconds: far beyond DEADLINE, so no test passes by waiting one out
 SHORT_LEASE = 2  # seconds: the frozen holder's lock is gone soon after
 
 
@@ -66,11 +67,7 @@ def test_killed_child_message_is_redelivered_and_runs_once(
 
     with Gate(pg_dsn) as gate:
         result = testapp.gated.apply_async((gate.id,), headers=SLOTTED)
-        [killed] = wait_until(
-            lambda: executions(pg_dsn, pglock_schema), timeout=DEADLINE, message="the first run"
-        )
-        assert killed["pid"] in worker.children()
-        os.kill(killed["pid"], signal.SIGKILL)
+        killed = kill_running_child(pg_dsn, pglock_schema, worker)
         # The redelivered run takes the lock (a held lock would make it SKIPPED) long
         # before the dead holder's lease could have expired.
         rows = wait_until(
@@ -92,12 +89,10 @@ def test_frozen_holder_loses_lock_and_its_fenced_write_is_rejected(
     redis_url: str, pg_dsn: str, pglock_schema: str, procs: Procs
 ) -> None:
     """A holder frozen past its lease is superseded; on waking it sees 'lost', fence rejects it."""
-    env_a = app_env(
+    env_a = redis_app_env(
         pg_dsn=pg_dsn,
         schema=pglock_schema,
-        broker_url=redis_url,
-        backend_url=redis_result_backend(redis_url),
-        TEST_NAMESPACE=pglock_schema,
+        redis_url=redis_url,
         TEST_LEASE=SHORT_LEASE,
     )
     env_b = {**env_a, "TEST_QUEUE": env_a["TEST_QUEUE"] + "-b"}  # B: another worker
@@ -144,12 +139,10 @@ def test_database_outage_at_task_time_retries_until_it_is_back(
 ) -> None:
     """PostgreSQL unreachable when a task starts: the task is retried, then runs once, locked."""
     proxy = tcp_proxy.for_dsn(pg_dsn)
-    env = app_env(
+    env = redis_app_env(
         pg_dsn=proxy.proxied_dsn(pg_dsn),
         schema=pglock_schema,
-        broker_url=redis_url,
-        backend_url=redis_result_backend(redis_url),
-        TEST_NAMESPACE=pglock_schema,
+        redis_url=redis_url,
     )
     configure_client(env)
     start_workers(procs, env, 1)
@@ -188,12 +181,10 @@ def test_every_thawed_holder_whose_session_ended_sees_lost_before_writing(
     """4 rounds of 3 holders SIGSTOPped past their lease, then SIGCONTed together: each
     one's check() says lost (its heartbeat wakes at the same moment and must not make
     the check read "held")."""
-    env = app_env(
+    env = redis_app_env(
         pg_dsn=pg_dsn,
         schema=pglock_schema,
-        broker_url=redis_url,
-        backend_url=redis_result_backend(redis_url),
-        TEST_NAMESPACE=pglock_schema,
+        redis_url=redis_url,
         TEST_LEASE=SHORT_LEASE,
     )
     configure_client(env)

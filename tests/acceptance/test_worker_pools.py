@@ -20,11 +20,10 @@ from tests.apps import poolapp
 from tests.apps.harness import (
     WORKER_READY_TIMEOUT,
     Gate,
-    app_env,
     configure_client,
     executions,
     executions_when,
-    redis_result_backend,
+    redis_app_env,
 )
 from tests.fixtures.procs import Proc, Procs, wait_until
 
@@ -83,12 +82,10 @@ def test_concurrency_locked_tasks_at_once_run_without_retries(
     procs: Procs,
 ) -> None:
     """concurrency x 1-second locked tasks at once, default settings: all run, none retried."""
-    env = app_env(
+    env = redis_app_env(
         pg_dsn=pg_dsn,
         schema=pglock_schema,
-        broker_url=redis_url,
-        backend_url=redis_result_backend(redis_url),
-        TEST_NAMESPACE=pglock_schema,
+        redis_url=redis_url,
     )
     configure_client(env)
     worker = start_worker(procs, env, pool, concurrency)
@@ -123,12 +120,10 @@ def test_explicit_pool_size_below_concurrency_warns_and_hands_connections_over(
     redis_url: str, pg_dsn: str, pglock_schema: str, procs: Procs
 ) -> None:
     """pglock_pool_size=4 on 8 threads: a WARNING naming the fix; 8 tasks share 4, none retried."""
-    env = app_env(
+    env = redis_app_env(
         pg_dsn=pg_dsn,
         schema=pglock_schema,
-        broker_url=redis_url,
-        backend_url=redis_result_backend(redis_url),
-        TEST_NAMESPACE=pglock_schema,
+        redis_url=redis_url,
     )
     configure_client(env)
     worker = start_worker(procs, env, "threads", 8, TEST_POOL_SIZE="4")

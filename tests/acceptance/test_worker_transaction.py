@@ -13,11 +13,10 @@ import pytest
 from tests.apps import testapp
 from tests.apps.harness import (
     Gate,
-    app_env,
     configure_client,
     executions,
     ledger,
-    redis_result_backend,
+    redis_app_env,
     start_workers,
 )
 from tests.fixtures.procs import Procs, wait_until
@@ -30,12 +29,10 @@ DEADLINE = 30.0  # seconds; generous, the machine runs other suites meanwhile
 
 
 def start(redis_url: str, pg_dsn: str, schema: str, procs: Procs) -> None:
-    env = app_env(
+    env = redis_app_env(
         pg_dsn=pg_dsn,
         schema=schema,
-        broker_url=redis_url,
-        backend_url=redis_result_backend(redis_url),
-        TEST_NAMESPACE=schema,
+        redis_url=redis_url,
     )
     configure_client(env)
     start_workers(procs, env, 1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import socket
 import uuid
 from types import TracebackType
@@ -14,9 +16,13 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.apps import testapp
-from tests.fixtures.procs import Proc, Procs
+from tests.fixtures.procs import Proc, Procs, wait_until
 
 WORKER_READY_TIMEOUT = 30.0  # seconds; generous, the machine runs other suites meanwhile
+SLOT = "2026-11-29T18:05:00Z"
+SLOTTED = {"pglock_slot": SLOT}  # the headers of a message of SLOT
+DEADLINE = 30.0  # seconds; generous, the machine runs other suites meanwhile
+LONG_LEASE = 120  # seconds: far beyond DEADLINE, so nothing passes by waiting a lease out
 
 
 def app_env(
@@ -32,6 +38,20 @@ def app_env(
     }
     env.update({key: str(value) for key, value in extra.items()})
     return env
+
+
+def redis_app_env(*, pg_dsn: str, schema: str, redis_url: str, **extra: Any) -> dict[str, str]:
+    """``app_env`` with Redis as broker and result backend, lock names in ``schema``'s
+    namespace (so tests sharing one server never share a lock)."""
+    backend = redis_result_backend(redis_url)
+    return app_env(
+        pg_dsn=pg_dsn,
+        schema=schema,
+        broker_url=redis_url,
+        backend_url=backend,
+        TEST_NAMESPACE=schema,
+        **extra,
+    )
 
 
 def configure_client(env: dict[str, str]) -> Any:
@@ -192,3 +212,14 @@ def start_workers(
     for node, proc in started:
         proc.wait_for_log(f"{node}@{socket.gethostname()} ready.", timeout=WORKER_READY_TIMEOUT)
     return [proc for _, proc in started]
+
+
+def kill_running_child(dsn: str, schema: str, worker: Proc) -> dict[str, Any]:
+    """SIGKILL the pool child running the test's one execution, as the OOM killer would;
+    its execution row (pid, token, task id)."""
+    [running] = wait_until(
+        lambda: executions(dsn, schema), timeout=DEADLINE, message="the first run"
+    )
+    assert running["pid"] in worker.children()
+    os.kill(running["pid"], signal.SIGKILL)
+    return running

@@ -16,8 +16,6 @@ Each test asserts one behaviour of its run; the run's logs are attached to a fai
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,12 +25,17 @@ import pytest
 
 from tests.apps import testapp
 from tests.apps.harness import (
+    DEADLINE,
+    LONG_LEASE,
+    SLOTTED,
     Gate,
     app_env,
     configure_client,
     executions,
     executions_when,
+    kill_running_child,
     ledger,
+    redis_app_env,
     redis_result_backend,
     start_workers,
 )
@@ -41,11 +44,6 @@ from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.faults
-
-SLOT = "2026-11-29T18:05:00Z"
-SLOTTED = {"pglock_slot": SLOT}
-DEADLINE = 30.0  # seconds; generous, the machine runs other suites meanwhile
-LONG_LEASE = 120  # seconds: far beyond DEADLINE, so nothing passes by waiting a lease out
 
 
 @dataclass
@@ -83,12 +81,10 @@ def _settled(procs: Procs, kill: Kill, dsn: str, schema: str) -> Kill:
 def child_killed(redis_url: str, pg_dsn: str, run_procs: Procs) -> Iterator[Kill]:
     """acks_late off: the child running a gated slotted task is SIGKILLed; a new message follows."""
     with fresh_schema(pg_dsn) as schema:
-        env = app_env(
+        env = redis_app_env(
             pg_dsn=pg_dsn,
             schema=schema,
-            broker_url=redis_url,
-            backend_url=redis_result_backend(redis_url),
-            TEST_NAMESPACE=schema,
+            redis_url=redis_url,
             TEST_LEASE=LONG_LEASE,
         )
         configure_client(env)
@@ -96,11 +92,7 @@ def child_killed(redis_url: str, pg_dsn: str, run_procs: Procs) -> Iterator[Kill
         kill = Kill(run_procs)
         with Gate(pg_dsn) as gate:
             first = testapp.gated.apply_async((gate.id,), headers=SLOTTED)
-            [kill.killed] = wait_until(
-                lambda: executions(pg_dsn, schema), timeout=DEADLINE, message="the first run"
-            )
-            assert kill.killed["pid"] in worker.children()
-            os.kill(kill.killed["pid"], signal.SIGKILL)  # as the OOM killer would
+            kill.killed = kill_running_child(pg_dsn, schema, worker)
             killed_at = time.monotonic()
             wait_until(first.ready, timeout=DEADLINE, message="the main process to report")
             kill.killed_run = wait_until(
