@@ -1,1 +1,1 @@
-"""Command lines: ``celery -A proj pglock …`` (``command``), ``celery-pglock`` (``standalone``)."""
+"""Command lines: ``celery -A proj pglock …`` (``command``), ``celery-pglock`` (``console``)."""
