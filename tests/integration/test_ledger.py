@@ -193,6 +193,52 @@ def test_scheduled_row_becomes_running_on_claim(db: Database, pg_conn: Conn, job
     release(db, lease, SUCCEEDED)
 
 
+def _beat_scheduled(pg_conn: Conn, db: Database, name: str, slot: str) -> None:
+    """The row beat writes when it sends a slot's message."""
+    pg_conn.execute(
+        db.tables.render(
+            "INSERT INTO {runs} (lock_name, slot, lock_key, state, entry, sent_by, task_name, "
+            "scheduled_at) VALUES (%(name)s, %(slot)s, %(key)s, 'scheduled', 'every-5-min', "
+            "'beat-a', 'tests.locked', now())"
+        ),
+        {"name": name, "slot": slot, "key": lock_key(name)},
+    )
+
+
+@pytest.mark.xfail(strict=True, reason="D5: a skipped message leaves its slot's row scheduled")
+def test_a_scheduled_slot_whose_message_is_skipped_is_final_skipped(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Beat sent the slot, its message is skipped ``locked`` (an older slot of the lock
+    still runs): nothing else will run it, so its row is final, ``skipped`` with why."""
+    older = granted(acquire(db, claim(job, "2026-11-29T18:00:00Z", "t-old"), "session", None))
+    _beat_scheduled(pg_conn, db, job, SLOT)
+
+    skip = skipped(acquire(db, claim(job, SLOT, "t-new"), "session", None))
+
+    row = the_run(pg_conn, db, job, SLOT)
+    assert ("locked", "skipped", "locked") == (skip.reason, row["state"], row["reason"])
+    assert row["finished_at"] is not None
+    release(db, older, SUCCEEDED)
+
+
+def test_a_skipped_slot_still_runs_on_its_next_message(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """``skipped`` is final for the message that was skipped, not for the slot: a later
+    message of it (a redelivery) claims it like a failed one."""
+    older = granted(acquire(db, claim(job, "2026-11-29T18:00:00Z", "t-old"), "session", None))
+    _beat_scheduled(pg_conn, db, job, SLOT)
+    skipped(acquire(db, claim(job, SLOT, "t-new"), "session", None))
+    release(db, older, SUCCEEDED)
+
+    lease = granted(acquire(db, claim(job, SLOT, "t-again"), "session", None))
+    release(db, lease, SUCCEEDED)
+
+    row = the_run(pg_conn, db, job, SLOT)
+    assert ("succeeded", 1, "t-again") == (row["state"], row["attempts"], row["task_id"])
+
+
 def test_claim_without_slot_writes_no_run(db: Database, pg_conn: Conn, job: str) -> None:
     """A lock without a slot only excludes concurrent runs: the ledger gets no row."""
     lease = granted(acquire(db, claim(job, None), "session", None))
