@@ -16,13 +16,16 @@ from psycopg import sql
 from celery_pglock.errors import ConfigurationError
 
 TABLES = ("runs", "tokens", "fences", "holders", "skips", "beat", "beat_sends", "schema_version")
-INDEXES = (
+# Indexes and constraints: the prefix and the name, unqualified (they live in their table's
+# schema).
+TABLE_OBJECTS = (
     "runs_updated_idx",
     "runs_running_idx",
     "skips_run_idx",
     "skips_at_idx",
     "beat_sends_unsent_idx",
     "beat_sends_claimed_idx",
+    "runs_state_check",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 
@@ -86,7 +89,7 @@ class Tables:
     @cached_property
     def identifiers(self) -> dict[str, sql.Composable]:
         names: dict[str, sql.Composable] = {name: self.table(name) for name in TABLES}
-        names.update({name: sql.Identifier(self.prefix + name) for name in INDEXES})
+        names.update({name: sql.Identifier(self.prefix + name) for name in TABLE_OBJECTS})
         names["tokens_regclass"] = sql.Literal(self.table("tokens").as_string())
         names["schema"] = sql.Identifier(self.schema)
         return names

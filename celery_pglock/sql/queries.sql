@@ -161,7 +161,7 @@ ON CONFLICT (lock_name, slot) DO UPDATE
         task_id = EXCLUDED.task_id, host = EXCLUDED.host, pid = EXCLUDED.pid,
         started_at = EXCLUDED.started_at, finished_at = now(), reason = EXCLUDED.reason,
         updated_at = now()
-    WHERE r.state IN ('scheduled', 'failed');
+    WHERE r.state IN ('scheduled', 'failed', 'skipped');
 
 -- name: skip
 -- Log a skipped message and return what explains it: the slot's run, the newer run that
@@ -224,6 +224,14 @@ WITH released AS (
                 ELSE coalesce((SELECT task_id FROM holder), (SELECT task_id FROM newer),
                               (SELECT task_id FROM run)) END
     RETURNING reason
+), finalized AS (
+    -- The slot's row is `scheduled` (beat sent it, no attempt ever claimed it) and this
+    -- message of it is skipped: nothing else would run the slot, so the row is final,
+    -- `skipped` with the skip's reason. A later message of the slot may still claim it.
+    UPDATE {runs} r
+       SET state = 'skipped', reason = (SELECT reason FROM logged), finished_at = now(),
+           updated_at = now()
+     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'scheduled'
 )
 SELECT (SELECT reason FROM logged) AS reason,
        (SELECT released FROM released) AS released,

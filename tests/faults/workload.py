@@ -539,8 +539,8 @@ def _check_resolved(
     metas: dict[str, dict[str, Any]],
 ) -> None:
     runs = {(row["lock_name"], row["slot"]): row for row in ledger}
-    # A slot whose every message was skipped (an older slot of its lock was still running)
-    # never ran: the skip log says why.
+    # A slot whose every message was skipped and that beat did not send (so no row) never
+    # ran: the skip log says why. A beat-sent one is recorded `skipped`.
     skipped = {(row["lock_name"], row["slot"]) for row in skips if row["reason"]}
     for message in sent:
         meta = metas.get(message.result.id) or {}
@@ -567,13 +567,13 @@ def _check_resolved(
         wanted.add((send["lock_name"], send["slot"]))
     for lock, slot in sorted(wanted):
         run = runs.get((lock, slot))
-        if (lock, slot) in skipped and (run is None or run["state"] == "scheduled"):
+        if (lock, slot) in skipped and run is None:
             continue
         if run is None:
             report.unresolved.append(f"{lock} {slot}: no ledger row")
-        elif run["state"] == "failed" and not run["reason"]:
-            report.unresolved.append(f"{lock} {slot}: failed without a reason")
-        elif run["state"] not in ("succeeded", "failed"):
+        elif run["state"] in ("failed", "skipped") and not run["reason"]:
+            report.unresolved.append(f"{lock} {slot}: {run['state']} without a reason")
+        elif run["state"] not in ("succeeded", "failed", "skipped"):
             report.unresolved.append(f"{lock} {slot}: left {run['state']} (token {run['token']})")
 
 

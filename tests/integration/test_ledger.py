@@ -205,7 +205,6 @@ def _beat_scheduled(pg_conn: Conn, db: Database, name: str, slot: str) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="D5: a skipped message leaves its slot's row scheduled")
 def test_a_scheduled_slot_whose_message_is_skipped_is_final_skipped(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
