@@ -36,6 +36,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
     "pglock_connect_timeout": 5.0,
     "pglock_all_tasks": False,  # lock every task of the app (applied when it finalizes)
+    "pglock_enabled": True,  # False: the test mode, tasks run unlocked and need no database
     # Task option defaults (each may also be set per task as a task attribute).
     "pglock_key": None,
     "pglock_namespace": None,
@@ -114,7 +115,8 @@ def resolve_dsn(conf: Mapping[str, Any], environ: Mapping[str, str] = os.environ
     if not dsn:
         raise ConfigurationError(
             "celery-pglock has no PostgreSQL to talk to: set app.conf.pglock_dsn = "
-            "'postgresql://user@host/dbname', or the environment variable PGLOCK_DSN"
+            "'postgresql://user@host/dbname', or the environment variable PGLOCK_DSN (a test "
+            "suite that should run without PostgreSQL: app.conf.pglock_enabled = False)"
         )
     if not isinstance(dsn, str):
         raise ConfigurationError(f"pglock_dsn must be a str, got {type(dsn).__name__}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
@@ -19,7 +20,7 @@ from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
 from celery_pglock import names, signals
-from celery_pglock.config import TaskOptions, app_settings
+from celery_pglock.config import TaskOptions, app_settings, enabled_setting
 from celery_pglock.db import (
     Database,
     connect,
@@ -87,6 +88,8 @@ _running = _Running()
 # Eager calls (``apply``): the meta of a skip, by task id, until ``apply`` returns it.
 _eager_skips: dict[str, dict[str, Any]] = {}
 _warned_property_slot: set[str] = set()  # task names, once per process
+ENABLED_SETTING = "pglock_enabled"
+_said_disabled: weakref.WeakSet[Celery] = weakref.WeakSet()  # apps told, once per process
 
 
 class PgLockMixin:
@@ -141,7 +144,7 @@ class PgLockMixin:
         return self._pglock_options
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.name.startswith(BUILTIN_PREFIX):
+        if self.name.startswith(BUILTIN_PREFIX) or not locking(self.app):
             # With task_cls = PgLockTask, Celery's own tasks (chord_unlock, backend_cleanup)
             # inherit this class too; locking them would stall chords.
             return self._pglock_body(args, kwargs)
@@ -292,7 +295,7 @@ class PgLockMixin:
         retry = bool(options.get("retries"))  # self.retry() of a running execution
         if retry and self._pglock_defer_retry(args, kwargs, task_id, rest, options):
             return self.AsyncResult(task_id)
-        if checks_enqueue(self, options):
+        if checks_enqueue(self, options) and locking(self.app):
             call = (args or (), kwargs or {})
             skipped = skipped_before_publish(self, app_settings(self.app), call, task_id, options)
             if skipped is not None:
@@ -400,6 +403,22 @@ class PgLockMixin:
         raise self.retry(exc=exc, countdown=countdown, max_retries=options.db_max_retries)
 
 
+def locking(app: Celery) -> bool:
+    """Whether ``app``'s locked tasks lock: ``pglock_enabled`` (the test mode is False)."""
+    if enabled_setting(app.conf, ENABLED_SETTING):
+        return True
+    if app not in _said_disabled:
+        _said_disabled.add(app)
+        logger.warning(
+            "celery-pglock is off (pglock_enabled = False): the tasks of app %r run "
+            "unlocked and without PostgreSQL, and duplicates of a slot run again. This is "
+            "the test mode, for test suites only",
+            app.main,
+            extra={"action": "pglock_disabled"},
+        )
+    return False
+
+
 class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
     """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
 
@@ -440,4 +459,4 @@ def _send_event(task: Any, meta: dict[str, Any]) -> None:
         logger.debug("could not send the task-skipped event", exc_info=True)
 
 
-__all__ = ["PgLockMixin", "PgLockTask"]
+__all__ = ["PgLockMixin", "PgLockTask", "locking"]

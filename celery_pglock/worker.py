@@ -31,7 +31,7 @@ from celery_pglock.db import (
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.migrations import ensure_schema
-from celery_pglock.task import PgLockMixin
+from celery_pglock.task import PgLockMixin, locking
 
 logger = logging.getLogger("celery_pglock")
 
@@ -54,6 +54,8 @@ class StartupCheck(bootsteps.StartStopStep):
     IN_PROCESS: ClassVar[frozenset[str]] = frozenset({"threads", "gevent", "eventlet"})
 
     def start(self, worker: Any) -> None:
+        if not locking(worker.app):  # the test mode: no database, said once
+            return
         serve_tasks()
         settings = app_settings(worker.app)
         with connect(settings) as conn:
@@ -173,7 +175,7 @@ def _record_worker_lost(
     # would stay `running` until the slot's next message re-claims it.
     if not isinstance(exception, WorkerLostError) or not isinstance(sender, PgLockMixin):
         return
-    if sender.name.startswith(BUILTIN_PREFIX):
+    if sender.name.startswith(BUILTIN_PREFIX) or not locking(sender.app):
         return
     try:
         token = sender._pglock_worker_lost(exception, args or (), kwargs or {})
@@ -205,7 +207,7 @@ def _current_app_with_pglock() -> Celery | None:
 
     app: Celery = current_app._get_current_object()  # type: ignore[attr-defined]
     has_locked = any(isinstance(task, PgLockMixin) for task in app.tasks.values())
-    return app if has_locked else None
+    return app if has_locked and locking(app) else None
 
 
 __all__ = ["StartupCheck"]

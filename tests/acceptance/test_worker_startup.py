@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.apps.harness import app_env
+from tests.apps import testapp
+from tests.apps.harness import DEADLINE, app_env, configure_broker_client, redis_result_backend
 from tests.fixtures.procs import Procs
 
 pytestmark = pytest.mark.acceptance
@@ -56,3 +57,31 @@ def test_missing_tables_without_auto_migrate_stop_worker_naming_migrate(
     assert status != 0
     assert "celery -A proj pglock migrate" in output
     assert " ready." not in output
+
+
+def test_in_test_mode_a_worker_needs_no_postgresql(
+    pglock_schema: str, redis_url: str, procs: Procs
+) -> None:
+    """``pglock_enabled = False``: the worker starts although the DSN leads nowhere, says
+    once that nothing is locked, and runs every message of a slot."""
+    env = app_env(
+        pg_dsn=BAD_DSNS["unreachable"],
+        schema=pglock_schema,
+        broker_url=redis_url,
+        backend_url=redis_result_backend(redis_url),
+        TEST_PGLOCK_ENABLED="0",
+    )
+    configure_broker_client(env)
+    worker = procs.celery(
+        "tests.apps.testapp",
+        "worker",
+        *("-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"),
+        *("-l", "info", "-Q", env["TEST_QUEUE"]),
+        env=env,
+    )
+    worker.wait_for_log(" ready.", timeout=DEADLINE)
+
+    results = [testapp.echo.apply_async((n,), headers={"pglock_slot": "s"}) for n in range(2)]
+
+    assert [0, 1] == [result.get(timeout=DEADLINE) for result in results]
+    assert 1 == worker.log_text().count("celery-pglock is off (pglock_enabled = False)")

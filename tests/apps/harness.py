@@ -54,8 +54,8 @@ def redis_app_env(*, pg_dsn: str, schema: str, redis_url: str, **extra: Any) -> 
     )
 
 
-def configure_client(env: dict[str, str]) -> Any:
-    """Point the in-test ``testapp.app`` at the same broker, backend, schema and queue."""
+def configure_broker_client(env: dict[str, str]) -> Any:
+    """Point the in-test ``testapp.app`` at the same broker, backend and queue only."""
     app = testapp.app
     _forget_previous_configuration(app)
     database_backend = env["TEST_RESULT_BACKEND"].startswith("db+")
@@ -68,6 +68,14 @@ def configure_client(env: dict[str, str]) -> Any:
         pglock_schema=env["TEST_SCHEMA"],
         database_table_schemas=schemas if database_backend else None,
     )
+    return app
+
+
+def configure_client(env: dict[str, str]) -> Any:
+    """Point the in-test ``testapp.app`` at the same broker, backend, schema and queue, and
+    create the tables the test app records its executions in."""
+    app = configure_broker_client(env)
+    database_backend = env["TEST_RESULT_BACKEND"].startswith("db+")
     testapp.SCHEMA = env["TEST_SCHEMA"]
     testapp.DSN = env["PGLOCK_DSN"]
     with psycopg.connect(env["PGLOCK_DSN"], autocommit=True) as conn:

@@ -10,6 +10,7 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
 - ``TEST_NAMESPACE`` (optional ``pglock_namespace``: lock names are database-wide);
 - ``TEST_BEAT_TASK`` (the ``tick`` entry's task, default ``testapp.tick``),
   ``TEST_SLOW_TICK`` (seconds ``testapp.slow_tick`` takes, default 0.3);
+- ``TEST_PGLOCK_ENABLED`` ("0" = ``pglock_enabled = False``, the test mode);
 - ``TEST_AUTO_MIGRATE`` ("0" = ``pglock_auto_migrate = False``). With a ``db+…`` result
   backend, its tables live in ``TEST_SCHEMA`` too;
 - ``TEST_BEAT_CATCH_UP``, ``TEST_BEAT_CATCH_UP_LIMIT`` (``pglock_beat_catch_up`` and its
@@ -61,6 +62,8 @@ if ENV.get("TEST_NAMESPACE"):
     app.conf.pglock_namespace = ENV["TEST_NAMESPACE"]
 if ENV.get("TEST_AUTO_MIGRATE") == "0":
     app.conf.pglock_auto_migrate = False
+if ENV.get("TEST_PGLOCK_ENABLED") == "0":
+    app.conf.pglock_enabled = False
 if ENV.get("TEST_BEAT_CATCH_UP"):
     app.conf.pglock_beat_catch_up = ENV["TEST_BEAT_CATCH_UP"]
 if ENV.get("TEST_BEAT_CATCH_UP_LIMIT"):
@@ -254,6 +257,12 @@ def keyed_fresh(self: Any, key: str, marker: str | None = None) -> Any:
 def keyed_checked(self: Any, key: str, marker: str | None = None) -> Any:
     """Locked on ``key``; a slot that succeeded or runs is not even published."""
     return run_keyed(self, marker)
+
+
+@app.task(base=PgLockTask, name="testapp.echo")
+def echo(value: Any = None) -> Any:
+    """A locked task that touches no database itself: returns its argument."""
+    return value
 
 
 @app.task(name="testapp.plain")
