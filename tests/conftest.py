@@ -6,3 +6,7 @@ pytest_plugins = (
     "tests.fixtures.procs",
     "tests.fixtures.proxy",
 )
+
+# A user's project with a test suite of its own, run in a subprocess by
+# tests/acceptance/test_user_suite.py: never collected as part of ours.
+collect_ignore = ["apps/userproject"]
