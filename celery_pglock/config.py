@@ -14,6 +14,7 @@ from typing import Any, Literal
 import psycopg.conninfo
 
 from celery_pglock import keys
+from celery_pglock.django_db import django_dsn
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.schema import Tables
 
@@ -30,6 +31,7 @@ CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
 #: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
 APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_dsn": None,
+    "pglock_django_database": "default",  # with Django and no DSN: this DATABASES alias
     "pglock_schema": "public",
     "pglock_table_prefix": "pglock_",
     "pglock_auto_migrate": True,
@@ -108,8 +110,14 @@ def check_dsn(dsn: str) -> str:
 
 
 def resolve_dsn(conf: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str:
-    """The DSN from ``pglock_dsn``, else ``$PGLOCK_DSN``, else ``$DATABASE_URL``."""
-    dsn = conf.get("pglock_dsn") or environ.get("PGLOCK_DSN") or environ.get("DATABASE_URL")
+    """The DSN from ``pglock_dsn``, else ``$PGLOCK_DSN``, else Django's database (in a
+    process that configured Django), else ``$DATABASE_URL``."""
+    dsn = (
+        conf.get("pglock_dsn")
+        or environ.get("PGLOCK_DSN")
+        or django_dsn(conf.get("pglock_django_database") or "default")
+        or environ.get("DATABASE_URL")
+    )
     if callable(dsn):
         dsn = dsn()
     if not dsn:

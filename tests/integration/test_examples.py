@@ -20,10 +20,11 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_pglock import SKIPPED, PgLockMixin
 from celery_pglock.beat import PgLockScheduler, PgLockSchedulerMixin
+from celery_pglock.config import app_settings
 from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import wait_until
 
@@ -185,7 +186,8 @@ def _drop_database(admin_dsn: str, dbname: str) -> None:
 def test_django_example_scheduler_is_database_scheduler_with_the_mixin(
     django_example: tuple[Celery, str],
 ) -> None:
-    """CELERY_BEAT_SCHEDULER names DatabaseScheduler plus the mixin; locks use DATABASE_URL."""
+    """CELERY_BEAT_SCHEDULER names DatabaseScheduler plus the mixin; locks use Django's
+    default database (no pglock_dsn of its own)."""
     from django_celery_beat.schedulers import DatabaseScheduler  # noqa: PLC0415
 
     app, dsn = django_example
@@ -194,7 +196,8 @@ def test_django_example_scheduler_is_database_scheduler_with_the_mixin(
     assert app.conf.beat_scheduler == "mysite.scheduler:Scheduler"
     assert issubclass(scheduler, PgLockSchedulerMixin)
     assert issubclass(scheduler, DatabaseScheduler)
-    assert app.conf.pglock_dsn == dsn
+    assert app.conf.get("pglock_dsn") is None
+    assert conninfo_to_dict(app_settings(app).dsn)["dbname"] == conninfo_to_dict(dsn)["dbname"]
 
 
 def test_django_example_runs_each_periodic_task_slot_once(

@@ -42,4 +42,5 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 CELERY_BEAT_SCHEDULER = "mysite.scheduler:Scheduler"  # celery-pglock: one beat sends each slot
-CELERY_PGLOCK_DSN = DATABASE_URL  # celery-pglock: locks and ledger in the same database
+# celery-pglock needs no DSN of its own: it uses DATABASES["default"] (locks and ledger in
+# the same database as the app's).
