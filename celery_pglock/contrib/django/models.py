@@ -1,0 +1,101 @@
+"""Unmanaged models over celery-pglock's tables (Django never creates or alters them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+from celery_pglock.config import APP_DEFAULTS
+
+
+def table(name: str) -> str:
+    """The table's name as Django should quote it: schema-qualified unless ``public``."""
+    schema = getattr(settings, "CELERY_PGLOCK_SCHEMA", None) or APP_DEFAULTS["pglock_schema"]
+    prefix = getattr(settings, "CELERY_PGLOCK_TABLE_PREFIX", None)
+    prefix = APP_DEFAULTS["pglock_table_prefix"] if prefix is None else prefix
+    if schema == "public":
+        return f"{prefix}{name}"
+    # Already quoted: Django's PostgreSQL backend then uses it as it is.
+    return '"{}"."{}"'.format(schema.replace('"', '""'), f"{prefix}{name}".replace('"', '""'))
+
+
+class Run(models.Model):  # type: ignore[misc]  # Django has no type hints
+    """One row per (lock name, slot): the slot's last attempt and its outcome."""
+
+    # The table's key is (lock_name, slot); Django's admin lists only models with a
+    # single-column key, so lock_name stands for it here. The admin never looks a row up
+    # by it: the list links to no page of its own.
+    lock_name = models.TextField(primary_key=True)
+    slot = models.TextField()
+    state = models.TextField()
+    attempts = models.IntegerField()
+    token = models.BigIntegerField(null=True)
+    task_id = models.TextField(null=True)
+    task_name = models.TextField(null=True)
+    host = models.TextField(null=True)
+    pid = models.IntegerField(null=True)
+    entry = models.TextField(null=True)
+    sent_by = models.TextField(null=True)
+    reason = models.TextField(null=True)
+    scheduled_at = models.DateTimeField(null=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = table("runs")
+        ordering = ("-updated_at",)
+
+    def __str__(self) -> str:
+        return f"{self.lock_name} {self.slot}: {self.state}"
+
+
+class Skip(models.Model):  # type: ignore[misc]  # Django has no type hints
+    """One skipped message: why, and who held the lock or ran the slot."""
+
+    id = models.BigAutoField(primary_key=True)
+    lock_name = models.TextField()
+    slot = models.TextField(null=True)
+    reason = models.TextField()
+    task_id = models.TextField(null=True)
+    task_name = models.TextField(null=True)
+    host = models.TextField(null=True)
+    pid = models.IntegerField(null=True)
+    holder_task_id = models.TextField(null=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = table("skips")
+        ordering = ("-at",)
+
+    def __str__(self) -> str:
+        return f"{self.lock_name} {self.slot}: {self.reason}"
+
+
+class Holder(models.Model):  # type: ignore[misc]  # Django has no type hints
+    """The last holder of each lock key (its session may have ended since)."""
+
+    lock_key = models.BigIntegerField(primary_key=True)
+    lock_name = models.TextField()
+    slot = models.TextField(null=True)
+    task_id = models.TextField(null=True)
+    host = models.TextField(null=True)
+    pid = models.IntegerField(null=True)
+    backend_pid = models.IntegerField()
+    token = models.BigIntegerField(null=True)
+    since = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = table("holders")
+        ordering = ("-since",)
+
+    def __str__(self) -> str:
+        return f"{self.lock_name}: task {self.task_id} pid {self.pid} on {self.host}"
+
+
+__all__: list[Any] = ["Holder", "Run", "Skip"]
