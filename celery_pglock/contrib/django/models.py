@@ -21,21 +21,40 @@ def table(name: str) -> str:
     return '"{}"."{}"'.format(schema.replace('"', '""'), f"{prefix}{name}".replace('"', '""'))
 
 
-class Run(models.Model):  # type: ignore[misc]  # Django has no type hints
+def unmanaged(name: str, ordering: str) -> Any:
+    """The ``Meta`` of a model over one of celery-pglock's tables: Django never writes it."""
+    return type("Meta", (), {"managed": False, "db_table": table(name), "ordering": (ordering,)})
+
+
+class Who(models.Model):  # type: ignore[misc]  # Django has no type hints
+    """What every row names: the lock and slot, a task's id, its host and pid."""
+
+    lock_name = models.TextField()
+    slot = models.TextField(null=True)
+    task_id = models.TextField(null=True)
+    host = models.TextField(null=True)
+    pid = models.IntegerField(null=True)
+
+    shown = "task_id"  # the column that says the most about a row, after lock and slot
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.lock_name} {self.slot}: {getattr(self, self.shown)}"
+
+
+class Run(Who):
     """One row per (lock name, slot): the slot's last attempt and its outcome."""
 
     # The table's key is (lock_name, slot); Django's admin lists only models with a
     # single-column key, so lock_name stands for it here. The admin never looks a row up
     # by it: the list links to no page of its own.
     lock_name = models.TextField(primary_key=True)
-    slot = models.TextField()
     state = models.TextField()
     attempts = models.IntegerField()
     token = models.BigIntegerField(null=True)
-    task_id = models.TextField(null=True)
     task_name = models.TextField(null=True)
-    host = models.TextField(null=True)
-    pid = models.IntegerField(null=True)
     entry = models.TextField(null=True)
     sent_by = models.TextField(null=True)
     reason = models.TextField(null=True)
@@ -44,58 +63,36 @@ class Run(models.Model):  # type: ignore[misc]  # Django has no type hints
     finished_at = models.DateTimeField(null=True)
     updated_at = models.DateTimeField()
 
-    class Meta:
-        managed = False
-        db_table = table("runs")
-        ordering = ("-updated_at",)
+    Meta = unmanaged("runs", "-updated_at")
 
-    def __str__(self) -> str:
-        return f"{self.lock_name} {self.slot}: {self.state}"
+    shown = "state"
 
 
-class Skip(models.Model):  # type: ignore[misc]  # Django has no type hints
+class Skip(Who):
     """One skipped message: why, and who held the lock or ran the slot."""
 
     id = models.BigAutoField(primary_key=True)
-    lock_name = models.TextField()
-    slot = models.TextField(null=True)
     reason = models.TextField()
-    task_id = models.TextField(null=True)
     task_name = models.TextField(null=True)
-    host = models.TextField(null=True)
-    pid = models.IntegerField(null=True)
     holder_task_id = models.TextField(null=True)
     at = models.DateTimeField()
 
-    class Meta:
-        managed = False
-        db_table = table("skips")
-        ordering = ("-at",)
+    Meta = unmanaged("skips", "-at")
 
-    def __str__(self) -> str:
-        return f"{self.lock_name} {self.slot}: {self.reason}"
+    shown = "reason"
 
 
-class Holder(models.Model):  # type: ignore[misc]  # Django has no type hints
+class Holder(Who):
     """The last holder of each lock key (its session may have ended since)."""
 
     lock_key = models.BigIntegerField(primary_key=True)
-    lock_name = models.TextField()
-    slot = models.TextField(null=True)
-    task_id = models.TextField(null=True)
-    host = models.TextField(null=True)
-    pid = models.IntegerField(null=True)
     backend_pid = models.IntegerField()
     token = models.BigIntegerField(null=True)
     since = models.DateTimeField()
 
-    class Meta:
-        managed = False
-        db_table = table("holders")
-        ordering = ("-since",)
+    Meta = unmanaged("holders", "-since")
 
-    def __str__(self) -> str:
-        return f"{self.lock_name}: task {self.task_id} pid {self.pid} on {self.host}"
+    shown = "task_id"
 
 
 __all__: list[Any] = ["Holder", "Run", "Skip"]
