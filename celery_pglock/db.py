@@ -229,17 +229,20 @@ class Database:
             "(pglock_pool_size); raise pglock_pool_size to run more of them at once"
         )
 
-    def putconn(self, conn: Connection, *, clean: bool) -> None:
-        """Return ``conn``; ``clean`` says our release statement already freed its locks."""
+    def putconn(self, conn: Connection, *, clean: bool) -> bool:
+        """Return ``conn``; ``clean`` says our release statement already freed its locks.
+        True if the connection was still usable (its session alive), False if broken."""
         if not self.keep_connections:
+            usable = not (conn.closed or conn.broken)
             conn.close()  # the session ends: the server frees whatever it still held
-            return
+            return usable
         if not clean or conn.info.transaction_status != IDLE:
-            self._reset(conn)
+            self._reset(conn)  # closes it if it cannot be reset
         if conn.closed:
             self.pool.putconn(conn)  # forgotten, replaced by the pool
-        else:
-            self.parking.park(conn)
+            return False
+        self.parking.park(conn)
+        return True
 
     def park_unwaited(self, conn: Connection) -> None:
         """Give back ``conn`` while the reply to its last statement is on its way."""

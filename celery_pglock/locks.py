@@ -136,8 +136,8 @@ def _execute_acquire(
             assert row is not None
             return conn, row
         except psycopg.OperationalError as exc:
-            db.putconn(conn, clean=False)
-            if attempt == attempts - 1 or waited is not None or not conn.closed:
+            usable = db.putconn(conn, clean=False)
+            if attempt == attempts - 1 or waited is not None or usable:
                 raise translate_error(exc, db.settings) from None
         except BaseException:
             db.putconn(conn, clean=False)
@@ -193,8 +193,8 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
         if lease.scope == "transaction":
             conn.commit()
     except psycopg.Error as exc:
-        db.putconn(conn, clean=False)
-        if not isinstance(exc, psycopg.OperationalError) and not conn.closed:
+        usable = db.putconn(conn, clean=False)
+        if not isinstance(exc, psycopg.OperationalError) and usable:
             raise
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
