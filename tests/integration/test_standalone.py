@@ -470,6 +470,8 @@ def test_missing_dsn_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a DSN argument, PGLOCK_DSN or DATABASE_URL the error says what to set."""
     monkeypatch.delenv("PGLOCK_DSN", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
+    # Nor a Django project's database: an earlier test may have configured Django here.
+    monkeypatch.setitem(sys.modules, "django.conf", None)
 
     with pytest.raises(ConfigurationError, match="PGLOCK_DSN"), advisory_lock("job"):
         pass
