@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from celery import Celery
 
 from celery_pglock.config import Settings, TaskOptions, redact, resolve_dsn
 from celery_pglock.errors import ConfigurationError
+
+
+@pytest.fixture(autouse=True)
+def _no_django(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Django project here: an earlier test of the session may have configured one,
+    whose database the DSN would then fall back to."""
+    monkeypatch.setitem(sys.modules, "django.conf", None)
 
 
 def test_dsn_from_conf_wins_over_environment() -> None:
