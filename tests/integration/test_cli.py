@@ -337,6 +337,7 @@ def test_missing_dsn_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without pglock_dsn (or PGLOCK_DSN) the command exits 2 naming the setting."""
     monkeypatch.delenv("PGLOCK_DSN", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setitem(sys.modules, "django.conf", None)  # nor a Django configured earlier
     app = Celery("nodsn", set_as_current=False)
 
     result = invoke(app, "status")
