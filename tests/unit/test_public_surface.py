@@ -98,3 +98,16 @@ def test_the_entry_points_and_their_commands() -> None:
     assert issubclass(scheduler.load(), Scheduler)
     assert callable(script.load())
     assert COMMANDS == {**_commands(plugin.load(), "pglock"), **_commands(console, script.name)}
+
+
+def test_the_testing_tools_for_users_suites() -> None:
+    """``celery_pglock.testing`` (docs/testing.md) and its pytest plugin's fixtures."""
+    from celery_pglock import testing  # noqa: PLC0415
+
+    (plugin,) = entry_points(group="pytest11", name="celery_pglock")
+    fixtures = {name for name in vars(plugin.load()) if name.startswith("pglock_")}
+
+    assert ["PgLockDatabase", "assert_skipped", "deliver_twice", "fresh_database"] == sorted(
+        testing.__all__
+    )
+    assert {"pglock_database", "pglock_postgres"} == fixtures
