@@ -73,11 +73,31 @@ def connect_kwargs(settings: Settings) -> dict[str, Any]:
 
 def translate_error(exc: BaseException, settings: Settings) -> DatabaseUnavailable:
     """A ``DatabaseUnavailable`` naming the server (never the password) and the cause."""
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return read_only(settings)
     cause = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     return DatabaseUnavailable(
         f"cannot use PostgreSQL at {redact(settings.dsn)!r}: {cause}. Check pglock_dsn "
         "(or PGLOCK_DSN), that the server is running and that this host may connect."
     )
+
+
+def read_only(settings: Settings) -> DatabaseUnavailable:
+    """The server ``settings`` reached takes no writes: a standby, or a primary demoted."""
+    return DatabaseUnavailable(
+        f"PostgreSQL at {redact(settings.dsn)!r} is read-only (a standby, a primary demoted by "
+        "a failover, or default_transaction_read_only): celery-pglock writes its ledger on "
+        "the primary. Point pglock_dsn at the primary, or list every host and add "
+        "target_session_attrs=read-write (postgresql://h1:5432,h2:5432/db?"
+        "target_session_attrs=read-write): libpq then connects to the writable one."
+    )
+
+
+def check_writable(conn: Connection, settings: Settings) -> None:
+    """Raise ``read_only`` unless ``conn``'s server takes writes."""
+    row = conn.execute(SHOW_SETTING_SQL, {"name": "transaction_read_only"}).fetchone()
+    if row and row[0] == "on":
+        raise read_only(settings)
 
 
 def pool_size(settings: Settings) -> int:
@@ -180,6 +200,7 @@ class Database:
     def open(self) -> None:
         """Open the pool and make sure the schema exists; raise a clear error if we cannot."""
         with connect(self.settings) as conn:
+            check_writable(conn, self.settings)
             self._learn_server(conn)
             self.ensure_schema(conn)
             self.transaction_pooled = transaction_pooled(conn, self.settings)

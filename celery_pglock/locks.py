@@ -135,6 +135,10 @@ def _execute_acquire(
             row = conn.execute(query, params).fetchone()
             assert row is not None
             return conn, row
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            conn.close()  # it reaches a standby: the next one may reach the new primary
+            db.putconn(conn, clean=False)
+            raise translate_error(exc, db.settings) from None
         except psycopg.OperationalError as exc:
             usable = db.putconn(conn, clean=False)
             if attempt == attempts - 1 or waited is not None or usable:
@@ -193,6 +197,8 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
         if lease.scope == "transaction":
             conn.commit()
     except psycopg.Error as exc:
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            conn.close()  # demoted under us: the lock there is no lock; record it elsewhere
         usable = db.putconn(conn, clean=False)
         if not isinstance(exc, psycopg.OperationalError) and usable:
             raise

@@ -19,6 +19,7 @@ from celery.exceptions import WorkerLostError
 from celery_pglock.config import Settings, app_settings
 from celery_pglock.db import (
     FIX_SCOPE,
+    check_writable,
     close_all,
     connect,
     database,
@@ -59,6 +60,7 @@ class StartupCheck(bootsteps.StartStopStep):
         serve_tasks()
         settings = app_settings(worker.app)
         with connect(settings) as conn:
+            check_writable(conn, settings)
             tables = settings.tables
             ensure_schema(conn, tables, auto_migrate=settings.auto_migrate)
             pooled = transaction_pooled(conn, settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
 from tests.apps.harness import DEADLINE, app_env, configure_broker_client, redis_result_backend
 from tests.fixtures.procs import Procs
@@ -85,3 +86,18 @@ def test_in_test_mode_a_worker_needs_no_postgresql(
 
     assert [0, 1] == [result.get(timeout=DEADLINE) for result in results]
     assert 1 == worker.log_text().count("celery-pglock is off (pglock_enabled = False)")
+
+
+def test_a_read_only_server_stops_the_worker_naming_target_session_attrs(
+    private_pg: EmbeddedPostgres, pglock_schema: str, redis_url: str, procs: Procs
+) -> None:
+    """A DSN that reaches a standby (here: default_transaction_read_only) fails start-up
+    with the fix named, not a driver traceback."""
+    private_pg.set_config(default_transaction_read_only="on")
+    env = app_env(pg_dsn=private_pg.dsn, schema=pglock_schema, broker_url=redis_url)
+
+    status, output = start_and_wait_for_exit(procs, env)
+
+    assert status != 0
+    assert "target_session_attrs=read-write" in output
+    assert "ReadOnlySqlTransaction" not in output
