@@ -21,7 +21,15 @@ from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
-from celery_pglock.db import FIX_BEAT, connect, database, pooler_message, transaction_pooled
+from celery_pglock.db import (
+    FIX_BEAT,
+    check_writable,
+    connect,
+    database,
+    pooler_message,
+    transaction_pooled,
+    translate_error,
+)
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.keys import default_lock_name, leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
@@ -128,6 +136,7 @@ class PgLockSchedulerMixin:
         # scheduler just to print its banner, and that one must not compete.
         settings = self.pglock_settings
         with connect(settings) as conn:
+            check_writable(conn, settings)  # a standby: stop here, naming the fix
             if transaction_pooled(conn, settings):
                 raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
         name = leader_lock_name(self.pglock_beat.namespace)
@@ -250,6 +259,8 @@ class PgLockSchedulerMixin:
         self.pglock_claims.confirm(sent)
 
     def _db_error(self, exc: BaseException) -> None:
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):  # demoted under us
+            exc = translate_error(exc, self.pglock_settings)
         if not self._outage:
             self._outage = True
             logger.error(

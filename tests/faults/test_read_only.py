@@ -20,7 +20,9 @@ from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
 from celery_pglock.testing.embedded import EmbeddedPostgres
+from tests.apps.harness import app_env
 from tests.fixtures.pg import started_embedded
+from tests.fixtures.procs import Procs
 
 pytestmark = pytest.mark.faults
 
@@ -100,3 +102,18 @@ def test_a_server_that_turns_read_only_fails_the_next_lock_naming_the_fix(
     finally:
         db.close()
         close_all()
+
+
+def test_beat_on_a_read_only_server_stops_naming_the_fix(
+    read_only: EmbeddedPostgres, redis_url: str, procs: Procs
+) -> None:
+    """The leader election starts on the first tick: there beat finds the server
+    read-only and stops, with the fix named rather than a driver error."""
+    env = app_env(pg_dsn=read_only.dsn, schema=SCHEMA, broker_url=redis_url)
+    beat = procs.celery("tests.apps.testapp", "beat", "--loglevel=INFO", env=env, name="beat")
+
+    status = beat.wait(timeout=60)
+
+    assert status != 0
+    assert "target_session_attrs=read-write" in beat.log_text()
+    assert "ReadOnlySqlTransaction" not in beat.log_text()
