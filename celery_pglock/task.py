@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
 import celery
-import psycopg
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
@@ -23,7 +22,6 @@ from celery_pglock import names, signals
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting
 from celery_pglock.db import (
     Database,
-    connect,
     database,
     serving_tasks,
 )
@@ -33,14 +31,14 @@ from celery_pglock.errors import (
     LockLost,
     TaskSkipped,
 )
+from celery_pglock.events import send_skipped
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import (
     FAILED,
     SUCCEEDED,
-    record_failure_after_rollback,
     record_worker_lost,
 )
-from celery_pglock.locks import abandon, acquire, release
+from celery_pglock.locks import abandon, acquire, record_transaction_failure, release
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
@@ -230,7 +228,7 @@ class PgLockMixin:
             if lease.scope == "session":
                 release(db, lease, FAILED, reason)
                 return
-            _record_failure_in_transaction_scope(db, lease, reason)
+            record_transaction_failure(db, lease, reason)
             # Stop the heartbeat for this lease; the pool's reset frees the body's locks.
             abandon(db, lease)
         except Exception:  # the body's exception matters more than the bookkeeping's
@@ -343,7 +341,7 @@ class PgLockMixin:
             _eager_skips[self.request.id] = meta
         elif self.request.id:
             self.update_state(state=SKIPPED, meta=meta)
-            _send_event(self, meta)
+            send_skipped(self, meta)
         signals.task_skipped.send(sender=self, reason=skip.reason, meta=meta)
         holder = meta.get("holder") or {}
         logger.info(
@@ -423,22 +421,6 @@ class PgLockTask(PgLockMixin, Task):  # type: ignore[misc,type-arg]
     """A Celery Task that runs each (lock name, slot) at most once at a time and once ever."""
 
 
-def _record_failure_in_transaction_scope(db: Database, lease: Lease, reason: str) -> None:
-    """The body failed: its claim rolls back with it; record the failed attempt. When the
-    lock's connection itself died (server restart, a pooler's crash), on a fresh one: the
-    rollback on the dead one raises, and the slot's row would stay as it was for good."""
-    conn = lease.connection
-    try:
-        conn.rollback()
-    except psycopg.Error:  # behind PgBouncer a dead server can answer InternalError
-        if not conn.closed and not conn.broken:
-            raise
-        with connect(db.settings) as fresh:
-            record_failure_after_rollback(fresh, db, lease.claim, lease.token, reason)
-        return
-    record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
-
-
 def _publish_retry(lease: Lease) -> None:
     """Publish the retry the execution of ``lease`` asked for, now that its lock is free."""
     publish = _running.retries.pop(lease.claim.task_id or "", None)
@@ -449,34 +431,6 @@ def _publish_retry(lease: Lease) -> None:
     except Exception as exc:
         # What Task.retry does when its publish fails: the message is not requeued.
         raise Reject(exc, requeue=False) from exc
-
-
-def _send_event(task: Any, meta: dict[str, Any]) -> None:
-    # So Flower and `celery events` show the skip; losing an event must not fail the task.
-    # They keep only the fields of Celery's events.state.Task, so the meta's own fields go
-    # unseen there: `result` (Flower's "Result", `celery events`' info) says it in one line.
-    try:
-        task.send_event("task-skipped", retry=False, **{**meta, "result": _skip_summary(meta)})
-    except Exception:
-        logger.debug("could not send the task-skipped event", exc_info=True)
-
-
-def _skip_summary(meta: dict[str, Any]) -> str:
-    """``SKIPPED: done (lock 'ns:t', slot 's', holder task t-1 pid 123 on host)``; the
-    holder's slot too when not the skipped one (``locked``, ``superseded``)."""
-    slot = meta.get("slot")
-    parts = [f"lock {meta.get('lock')!r}", "no slot" if slot is None else f"slot {slot!r}"]
-    holder = meta.get("holder")
-    if isinstance(holder, dict):
-        who = [f"holder task {holder.get('task_id') or 'unknown'}"]
-        if holder.get("slot") not in (None, slot):
-            who.append(f"of slot {holder['slot']!r}")
-        if holder.get("pid") is not None:
-            who.append(f"pid {holder['pid']}")
-        if holder.get("host"):
-            who.append(f"on {holder['host']}")
-        parts.append(" ".join(who))
-    return f"{SKIPPED}: {meta.get('reason')} ({', '.join(parts)})"
 
 
 __all__ = ["PgLockMixin", "PgLockTask", "locking"]

@@ -28,7 +28,7 @@
   is still not recorded when its body failed for another reason after the server
   restarted: the rollback on the lock's connection reads PgBouncer's buffered error and
   its own, and psycopg raises ``InternalError("received 2 results from command
-  'ROLLBACK'")``, not the ``OperationalError`` that ``_record_failure_in_transaction_scope``
+  'ROLLBACK'")``, not the ``OperationalError`` that ``locks.record_transaction_failure``
   catches. Certain here: the body waits while the server restarts, then raises without a
   statement. Fixed: any error that leaves the connection closed or broken is handled alike.
 """
