@@ -37,7 +37,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_auto_migrate": True,
     "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
     "pglock_connect_timeout": 5.0,
-    "pglock_all_tasks": False,  # lock every task of the app (applied when it finalizes)
+    "pglock_all_tasks": False,  # lock every task of the app (as each is created)
     "pglock_enabled": True,  # False: the test mode, tasks run unlocked and need no database
     # Task option defaults (each may also be set per task as a task attribute).
     "pglock_key": None,
