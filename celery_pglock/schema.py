@@ -27,6 +27,8 @@ TABLE_OBJECTS = (
     "beat_sends_claimed_idx",
     "runs_state_check",
 )
+# Functions: schema-qualified and prefixed like the tables.
+FUNCTIONS = ("holds_lock",)
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -89,6 +91,7 @@ class Tables:
     @cached_property
     def identifiers(self) -> dict[str, sql.Composable]:
         names: dict[str, sql.Composable] = {name: self.table(name) for name in TABLES}
+        names.update({name: self.table(name) for name in FUNCTIONS})
         names.update({name: sql.Identifier(self.prefix + name) for name in TABLE_OBJECTS})
         names["tokens_regclass"] = sql.Literal(self.table("tokens").as_string())
         names["schema"] = sql.Identifier(self.schema)

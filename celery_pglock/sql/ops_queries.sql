@@ -164,12 +164,7 @@ DELETE FROM {holders} AS h
  USING (SELECT o.lock_key FROM {holders} o
          WHERE o.since < now() - make_interval(secs => %(seconds)s)
            AND (%(prefix)s::text IS NULL OR o.lock_name LIKE %(prefix)s::text)
-           AND NOT EXISTS (
-                 SELECT 1 FROM pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                    AND l.pid = o.backend_pid
-                    AND l.classid = ((o.lock_key >> 32) & 4294967295)::oid
-                    AND l.objid = (o.lock_key & 4294967295)::oid)
+           AND NOT {holds_lock}(o.backend_pid, o.lock_key)
          LIMIT %(batch)s
            FOR UPDATE OF o SKIP LOCKED) AS old
  WHERE h.lock_key = old.lock_key;

@@ -120,13 +120,7 @@ RETURNING 1;
 WITH orphans AS (
     SELECT r.lock_name, r.slot
       FROM {runs} r
-     WHERE r.state = 'running'
-       AND NOT EXISTS (
-           SELECT 1 FROM pg_locks l
-            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-              AND l.pid = r.backend_pid
-              AND l.classid = ((r.lock_key >> 32) & 4294967295)::oid
-              AND l.objid = (r.lock_key & 4294967295)::oid)
+     WHERE r.state = 'running' AND NOT {holds_lock}(r.backend_pid, r.lock_key)
      ORDER BY r.started_at
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
