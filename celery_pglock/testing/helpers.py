@@ -75,9 +75,10 @@ def deliver_twice(
     """Send two messages of one slot, as a broker redelivery or a second beat would: eager
     (``apply``) when the app runs tasks eagerly, else through the broker. Their results."""
     headers = {SLOT_HEADER: slot}
-    send = task.apply if task.app.conf.task_always_eager else task.apply_async
+    eager = bool(task.app.conf.task_always_eager)
+    send = task.apply if eager else task.apply_async
     first = send(args, dict(kwargs or {}), headers=headers)
-    if send == task.apply_async:
+    if not eager:
         first.get(timeout=30, propagate=False)  # the duplicate arrives once the first ran
     return first, send(args, dict(kwargs or {}), headers=headers)
 
