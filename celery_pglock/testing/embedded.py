@@ -132,6 +132,11 @@ class EmbeddedPostgres:
         return self._datadir
 
     @property
+    def bin_dir(self) -> Path:
+        """The directory of the PostgreSQL programs this server runs."""
+        return self._bin_dir
+
+    @property
     def log_path(self) -> Path:
         """The server log, useful when a test wants to know why PostgreSQL did something."""
         return self._datadir / "server.log"
