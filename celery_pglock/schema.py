@@ -28,7 +28,7 @@ TABLE_OBJECTS = (
     "runs_state_check",
 )
 # Functions: schema-qualified and prefixed like the tables.
-FUNCTIONS = ("holds_lock",)
+FUNCTIONS = ("holds_lock", "next_token")
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

@@ -9,7 +9,7 @@
 WITH lock AS (
     SELECT {try_lock}(%(key)s) AS acquired
 ), granted AS (
-    SELECT nextval({tokens_regclass}) AS token,
+    SELECT {next_token}() AS token,
            set_config('application_name', %(application_name)s, false) AS application_name,
            {arm_lease} AS lease
     FROM lock WHERE acquired
