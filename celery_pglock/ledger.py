@@ -7,14 +7,18 @@ module records outcomes and skips and turns rows into the meta a skipped task re
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 
 from celery_pglock.config import Settings
 from celery_pglock.db import Connection, Database, connect
+from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.protocol import Claim, Skip
 from celery_pglock.schema import Tables
 
@@ -27,6 +31,12 @@ ABANDONED = (
     "abandoned: the attempt's session ended without recording an outcome (its worker "
     "process died) and no later attempt took the slot over"
 )
+# How long a finished attempt whose lock connection broke keeps trying to record its
+# outcome: through a restart or a failover (a promotion takes seconds, a managed
+# database's failover up to a minute). Given up after that, the beat leader's sweep
+# records the row failed (abandoned), and a later write of the outcome still wins.
+OUTCOME_RETRY_SECONDS = 60.0
+OUTCOME_RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0, 2.0)  # then 2 s each
 ORPHAN_SWEEP_LIMIT = 100  # rows per sweep: bounds the time a sweep takes from beat
 
 SUCCEEDED = "succeeded"
@@ -178,6 +188,35 @@ def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: s
     params = {**claim.params(), "token": token, "state": state, "reason": reason}
     with connect(db.settings) as conn:
         return conn.execute(db.tables.query("record_outcome"), params).fetchone() is not None
+
+
+def record_outcome_when_reachable(
+    db: Database, claim: Claim, token: int, state: str, reason: str | None
+) -> bool:
+    """``record_outcome``, tried again while PostgreSQL is unreachable or read-only (a
+    replica not promoted yet), for up to ``OUTCOME_RETRY_SECONDS``."""
+    deadline = time.monotonic() + OUTCOME_RETRY_SECONDS
+    for attempt in itertools.count():
+        try:
+            return record_outcome(db, claim, token, state, reason)
+        except (
+            DatabaseUnavailable,
+            psycopg.OperationalError,
+            psycopg.errors.ReadOnlySqlTransaction,
+        ):
+            pause = OUTCOME_RETRY_PAUSES[min(attempt, len(OUTCOME_RETRY_PAUSES) - 1)]
+            if time.monotonic() + pause > deadline:
+                raise
+            if attempt == 0:
+                logger.warning(
+                    "the outcome of %r for slot %r waits for PostgreSQL (up to %d s)",
+                    claim.lock_name,
+                    claim.slot,
+                    OUTCOME_RETRY_SECONDS,
+                    extra={"action": "pglock_outcome_retrying", "lock": claim.lock_name},
+                )
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover - count() never ends
 
 
 def record_worker_lost(settings: Settings, claim: Claim, reason: str) -> int | None:

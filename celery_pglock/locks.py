@@ -36,7 +36,7 @@ from celery_pglock.ledger import (
     holder_application_name,
     log_skip,
     record_failure_after_rollback,
-    record_outcome,
+    record_outcome_when_reachable,
     short_reason,
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
@@ -238,7 +238,7 @@ def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None)
         if lease.scope == "transaction":
             _record_rolled_back(db, lease)
             return False  # the outcome rolled back with the body: not recorded
-        return record_outcome(db, lease.claim, lease.token, state, reason)
+        return record_outcome_when_reachable(db, lease.claim, lease.token, state, reason)
     except (psycopg.Error, OSError, DatabaseUnavailable):
         return False
 

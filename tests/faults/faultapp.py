@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from celery import signals
 from psycopg import sql
 
-from celery_pglock import PgLockTask
+from celery_pglock import PgLockTask, fence
 from celery_pglock.config import app_settings
 from celery_pglock.db import database
 from tests.apps import testapp
@@ -93,7 +94,14 @@ if int(os.environ.get("TEST_GC_EVERY") or 0) > 0:
 
 @app.task(bind=True, base=PgLockTask, name="faults.job", pglock_key=job_lock)
 def job(self: Any, key: str, hold: float = 0.0, gate: str | None = None, via: str = "own") -> int:
-    """Record (own connection, or ``via="lock"`` once at the end), wait, return the token."""
+    """Record (own connection, or ``via="lock"`` once at the end), wait, return the token.
+
+    ``via="early"``: the execution is recorded finished before the wait, so that the body
+    touches no database afterwards (a failover test lets PostgreSQL go meanwhile)."""
+    if via == "early":
+        finish(record(self))
+        wait_for_file(gate)
+        return int(self.pglock.token)
     if via == "lock":
         wait_for_file(gate)
         time.sleep(hold)
@@ -102,6 +110,18 @@ def job(self: Any, key: str, hold: float = 0.0, gate: str | None = None, via: st
     row = record(self)
     wait_for_file(gate)
     time.sleep(hold)
+    finish(row)
+    return int(self.pglock.token)
+
+
+@app.task(bind=True, base=PgLockTask, name="faults.fenced_job", pglock_key=job_lock)
+def fenced_job(self: Any, key: str, gate: str | None = None) -> int:
+    """Record, wait, then write through ``fence()`` on the job's resource: a holder that
+    was superseded meanwhile fails with ``StaleToken``."""
+    row = record(self)
+    wait_for_file(gate)
+    with psycopg.connect(testapp.DSN) as conn, conn.transaction():
+        fence(conn, f"resource:{key}", self.pglock.token)
     finish(row)
     return int(self.pglock.token)
 
