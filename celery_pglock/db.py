@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from celery_pglock import unwaited
 from celery_pglock.config import Settings, redact
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
+from celery_pglock.failover import Recall
 from celery_pglock.migrations import ensure_schema
 from celery_pglock.parking import Parking
 
@@ -177,6 +178,7 @@ class Database:
         self.transaction_pooled = False  # behind PgBouncer pool_mode=transaction (or alike)
         # What the role/database configured (a DBA may set these); restored after a run.
         self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
+        self.recall = Recall()  # for after a failover (celery_pglock.failover)
         self.pool = ConnectionPool(
             settings.dsn,
             kwargs=connect_kwargs(settings),
@@ -203,6 +205,7 @@ class Database:
             check_writable(conn, self.settings)
             self._learn_server(conn)
             self.ensure_schema(conn)
+            self._check_timeline(conn)
             self.transaction_pooled = transaction_pooled(conn, self.settings)
         if not self.lease_supported:
             logger.warning(
@@ -300,10 +303,18 @@ class Database:
 
     def _configure(self, conn: Connection) -> None:
         self.server_version = conn.info.server_version
+        self._check_timeline(conn)
         if self.transaction_pooled:  # a statement prepared on one server connection is
             conn.prepare_threshold = None  # unknown to the next one the pooler picks
         else:
             watch_client(conn)
+
+    def _check_timeline(self, conn: Connection) -> None:
+        """A new connection: after a failover, check the successes this process recalls."""
+        try:
+            self.recall.connected(conn, self.tables)
+        except psycopg.Error as exc:  # never worth losing the connection for
+            logger.debug("timeline check failed: %s", exc, extra={"action": "pglock_timeline"})
 
     def check_session_scope(self) -> None:
         """Refuse session-scope locks through a transaction pooler (they would leak)."""

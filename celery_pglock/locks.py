@@ -33,6 +33,7 @@ from celery_pglock.db import (
 from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.ledger import (
+    SUCCEEDED,
     holder_application_name,
     log_skip,
     record_failure_after_rollback,
@@ -205,7 +206,10 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
     db.putconn(conn, clean=True)
-    return Released(recorded=bool(row and row[0]), lost=lease.known_lost)
+    recorded = bool(row and row[0])
+    if recorded and state == SUCCEEDED:
+        db.recall.remember(lease.claim, lease.token)
+    return Released(recorded=recorded, lost=lease.known_lost)
 
 
 def _release_unwaited(db: Database, lease: Lease) -> bool:
@@ -238,9 +242,12 @@ def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None)
         if lease.scope == "transaction":
             _record_rolled_back(db, lease)
             return False  # the outcome rolled back with the body: not recorded
-        return record_outcome_when_reachable(db, lease.claim, lease.token, state, reason)
+        recorded = record_outcome_when_reachable(db, lease.claim, lease.token, state, reason)
     except (psycopg.Error, OSError, DatabaseUnavailable):
         return False
+    if recorded and state == SUCCEEDED:
+        db.recall.remember(lease.claim, lease.token)
+    return recorded
 
 
 def _record_rolled_back(db: Database, lease: Lease) -> None:

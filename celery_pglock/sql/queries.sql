@@ -110,6 +110,27 @@ UPDATE {runs}
    AND (state = 'running' OR (state = 'failed' AND reason LIKE 'abandoned:%%'))
 RETURNING 1;
 
+-- name: restore_success
+-- After a failover to a replica that lacked it (asynchronous replication): write back a
+-- success this process recorded on the old primary. Only where no other attempt claimed
+-- the slot since: the row is missing, or still holds our token (claimed, not finished,
+-- or abandoned by the sweep). Returns whether it wrote, and the row as it was before.
+WITH restored AS (
+    INSERT INTO {runs} AS r (lock_name, slot, lock_key, state, attempts, token, task_id,
+                             task_name, host, pid, entry, reason, started_at, finished_at)
+    VALUES (%(lock_name)s, %(slot)s, %(key)s, 'succeeded', 1, %(token)s, %(task_id)s,
+            %(task_name)s, %(host)s, %(pid)s, %(entry)s,
+            'restored after a failover lost it', now(), now())
+    ON CONFLICT (lock_name, slot) DO UPDATE
+        SET state = 'succeeded', reason = EXCLUDED.reason, finished_at = now(),
+            updated_at = now()
+        WHERE r.token = EXCLUDED.token AND r.state <> 'succeeded'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM restored) AS restored,
+       (SELECT state FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(slot)s),
+       (SELECT token FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(slot)s);
+
 -- name: abandon_orphans
 -- Rows left `running` that nothing can finish: the backend that claimed the slot no
 -- longer holds its lock (the worker was SIGKILLed or its session ended) and no attempt
