@@ -35,7 +35,8 @@ _POLL = 0.02
 
 
 class StreamingReplica(EmbeddedPostgres):
-    """A hot standby of ``primary``, named ``name`` in ``pg_stat_replication``.
+    """A hot standby of ``primary``, named ``name`` in ``pg_stat_replication``, on ``port``
+    (default: a free one; a given one lets a new standby take a lost server's place).
 
     :meth:`start` copies the primary with ``pg_basebackup`` (first start only) and returns
     once the replica streams. With ``synchronous`` the primary then lists it in
@@ -49,18 +50,24 @@ class StreamingReplica(EmbeddedPostgres):
         *,
         name: str = "replica",
         synchronous: str | None = None,
+        port: int | None = None,
         user: str = DEFAULT_USER,
     ) -> None:
         if synchronous is not None and synchronous not in SYNCHRONOUS_COMMIT_LEVELS:
             levels = ", ".join(SYNCHRONOUS_COMMIT_LEVELS)
             raise ValueError(f"synchronous must be one of {levels} or None, not {synchronous!r}")
-        super().__init__(bin_dir=primary.bin_dir, user=user)
+        super().__init__(bin_dir=primary.bin_dir, port=port, user=user)
         self.primary = primary
         self.name = name
         self.synchronous = synchronous
+        self.promoted = False
 
     def start(self) -> None:
+        """Start; as a standby, return once it streams (and, if synchronous, is the
+        primary's synchronous standby). Once promoted, it starts as the primary it is."""
         super().start()
+        if self.promoted:
+            return
         self._wait(self._streaming, "start streaming from the primary")
         if self.synchronous is not None:
             self.primary.set_config(
@@ -98,6 +105,7 @@ class StreamingReplica(EmbeddedPostgres):
         """Make this replica a primary (``pg_ctl promote``); return once it takes writes."""
         self._pg_ctl("promote", "-w", "-t", "30")
         self._wait(lambda conn: not _scalar(conn, "SELECT pg_is_in_recovery()"), "be promoted")
+        self.promoted = True
 
     # -- polling ---------------------------------------------------------------------------
 
