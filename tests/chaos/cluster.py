@@ -1,9 +1,16 @@
 """The system under test: servers of the campaign's own and its beat and worker processes.
 
 Everything runs on loopback ports of its own and is stopped by pid at the end: an embedded
-PostgreSQL (``celery_pglock.testing.embedded``), a ``redis-server`` (broker, results, the record
-of published messages), a PgBouncer in transaction pooling when installed, and a TCP
-proxy. The machine's shared servers are never touched.
+PostgreSQL (``celery_pglock.testing.embedded``) with a synchronous streaming replica
+(``celery_pglock.testing.replication``), a ``redis-server`` (broker, results, the record of
+published messages), a PgBouncer in transaction pooling when installed, and a TCP proxy.
+The machine's shared servers are never touched.
+
+A failover (``fail_over``) crash-stops the primary and promotes the replica; a new replica
+of the new primary later takes the old one's port (``rebuild_standby``), so the DSN that
+lists both ports (``target_session_attrs=read-write``) stays right for the whole campaign.
+The proxy and PgBouncer, which name one server, are pointed at the new primary, as a
+failover manager's callback would.
 
 Processes (``tests.faults.workload.Workload`` of ``tests.chaos.chaosapp``):
 
@@ -20,6 +27,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +37,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from celery_pglock.testing.embedded import EmbeddedPostgres
+from celery_pglock.testing.replication import StreamingReplica
 from tests.chaos import chaosapp
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
 from tests.faults.workload import Workload, session_pid
@@ -101,7 +110,11 @@ class Cluster:
         self.workdir = workdir
         self.active_active = active_active
         self.procs = Procs(workdir / "logs", cwd=ROOT)
-        self.pg = EmbeddedPostgres()
+        self.pg: EmbeddedPostgres = EmbeddedPostgres()  # the primary of the moment
+        self.standby: StreamingReplica | None = None  # None while a new one is being built
+        self.failovers = 0
+        self.seats = (0, 0)  # the two servers' ports, kept across failovers
+        self._lost_seat: EmbeddedPostgres | None = None  # the crashed primary, until rebuilt
         self.redis: RedisServer | None = None
         self.bouncer: PgBouncer | None = None
         self.bouncer_missing = ""
@@ -125,6 +138,8 @@ class Cluster:
         # After the first start: set_config on a server never started is overwritten when
         # the first start copies the template cluster (embedded.py).
         self.pg.set_config(**SERVER_LOG)
+        self.standby = self._new_standby()
+        self.seats = (self.pg.port, self.standby.port)
         self.redis = RedisServer(self.workdir / "logs" / "redis.log")
         with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
             conn.execute(
@@ -139,8 +154,8 @@ class Cluster:
         record_url = f"redis://127.0.0.1:{self.redis.port}/{RECORD_DB}"
         self.w = Workload(
             name="chaos",
-            admin_dsn=self.pg.dsn,
-            app_dsn=self.pg.dsn,
+            admin_dsn=self.admin_dsn,
+            app_dsn=self.admin_dsn,
             redis_url=self.redis.url,
             procs=self.procs,
             app=APP,
@@ -170,8 +185,8 @@ class Cluster:
             *(p.stop for p in [self.proxy] if p),
             *(b.stop for b in [self.bouncer] if b),
             *(r.stop for r in [self.redis] if r),
-            self._keep_server_log,
-            self.pg.close,
+            *(self._closer(server) for server in [self.standby, self._lost_seat] if server),
+            self._closer(self.pg),
         ):
             try:
                 stop()
@@ -180,9 +195,44 @@ class Cluster:
         if errors:
             raise errors[0]
 
-    def _keep_server_log(self) -> None:
-        with contextlib.suppress(OSError):
-            shutil.copy(self.pg.log_path, self.workdir / "logs" / "postgresql.log")
+    def _closer(self, server: EmbeddedPostgres) -> Callable[[], None]:
+        """Close ``server`` after keeping its log (``postgresql-<port>-<n>.log``)."""
+
+        def close() -> None:
+            name = f"postgresql-{server.port}-{self.failovers}.log"
+            with contextlib.suppress(OSError):
+                shutil.copy(server.log_path, self.workdir / "logs" / name)
+            server.close()
+
+        return close
+
+    # -- failover --------------------------------------------------------------------------
+
+    def _new_standby(self, port: int | None = None) -> StreamingReplica:
+        standby = StreamingReplica(self.pg, name="standby", synchronous="on", port=port)
+        standby.start()
+        return standby
+
+    def fail_over(self) -> None:
+        """Crash-stop the primary, promote the standby, point the proxy and PgBouncer at it."""
+        assert self.standby is not None, "no standby to promote"
+        old, self.pg, self.standby = self.pg, self.standby, None
+        old.stop("immediate")
+        self.pg.promote()
+        self.failovers += 1
+        self._lost_seat = old
+        if self.proxy is not None:
+            self.proxy.target = ("127.0.0.1", self.pg.port)
+            self.proxy.cut()
+        if self.bouncer is not None:
+            self.bouncer.retarget(self.pg.port)
+
+    def rebuild_standby(self) -> None:
+        """A new synchronous standby of the new primary, on the lost server's port."""
+        old, self._lost_seat = self._lost_seat, None
+        assert old is not None, "fail_over() first"
+        self._closer(old)()
+        self.standby = self._new_standby(port=old.port)
 
     @property
     def workload(self) -> Workload:
@@ -191,7 +241,12 @@ class Cluster:
 
     @property
     def admin_dsn(self) -> str:
-        return self.pg.dsn
+        """Both servers' ports; libpq picks the writable one (the primary of the moment)."""
+        first, second = self.seats
+        return (
+            f"postgresql://postgres@127.0.0.1:{first},127.0.0.1:{second}/postgres"
+            "?target_session_attrs=read-write"
+        )
 
     @property
     def record_url(self) -> str:

@@ -38,6 +38,7 @@ KINDS = (
     "proxy_cut",  # reset every connection between the proxied worker and PostgreSQL
     "proxy_blackhole",  # stop every byte between them, longer than a lease; then restore
     "pgbouncer_restart",  # restart the transaction-pooling PgBouncer in front of one worker
+    "pg_failover",  # crash the primary, promote its synchronous replica; a new one later
 )
 MIN_GAP = 2.0  # seconds between two faults, drawn uniformly
 MAX_GAP = 4.0
@@ -186,6 +187,19 @@ def pg_restart(mode: str) -> Callable[[Fault, Cluster], Hit]:
     return restart
 
 
+def pg_failover(fault: Fault, cluster: Cluster) -> Hit:
+    """The primary crashes and its synchronous replica is promoted; after ``length``
+    seconds a new replica of the new primary takes the lost server's port."""
+    if cluster.standby is None:
+        return Hit(None, {"why": "no standby yet (the last failover's is being built)"})
+    started = time.monotonic()
+    leading = cluster.leader_pid() is not None
+    cluster.fail_over()
+    detail = {"down_s": round(time.monotonic() - started, 2), "primary": cluster.pg.port}
+    undo = Undo(fault.length, "a new standby of the new primary", cluster.rebuild_standby)
+    return Hit("postgresql (failover)", detail, [undo], leader_lost=leading)
+
+
 def proxy_cut(fault: Fault, cluster: Cluster) -> Hit:
     assert cluster.proxy is not None
     cut = cluster.proxy.cut()
@@ -231,4 +245,5 @@ INJECTORS: dict[str, Callable[[Fault, Cluster], Hit]] = {
     "proxy_cut": proxy_cut,
     "proxy_blackhole": proxy_blackhole,
     "pgbouncer_restart": pgbouncer_restart,
+    "pg_failover": pg_failover,
 }

@@ -66,14 +66,8 @@ class PgBouncer:
         self.dir = Path(tempfile.mkdtemp(prefix="pglock-pgbouncer-"))
         user = str(self.upstream.get("user") or "postgres")
         (self.dir / "users.txt").write_text(f'"{user}" ""\n')
-        target = make_conninfo(
-            host=str(self.upstream.get("hostaddr") or self.upstream.get("host") or "127.0.0.1"),
-            port=str(self.upstream.get("port") or 5432),
-            dbname=str(self.upstream.get("dbname") or user),
-            user=user,
-        )
         ini = self.dir / "pgbouncer.ini"
-        ini.write_text(INI.format(target=target, port=self.port, auth_file=self.dir / "users.txt"))
+        self._write_ini()
         self.argv = [binary, str(ini)]
         if os.geteuid() == 0:  # PgBouncer refuses to run as root
             account = _unprivileged_account()
@@ -100,6 +94,24 @@ class PgBouncer:
         again on the same port with the same configuration; return once it answers."""
         self._terminate()
         self._launch()
+
+    def retarget(self, port: int) -> None:
+        """Point PgBouncer at the server on ``port`` (a new primary) and restart it, as a
+        failover manager's callback would."""
+        self.upstream["port"] = str(port)
+        self._write_ini()
+        self.restart()
+
+    def _write_ini(self) -> None:
+        user = str(self.upstream.get("user") or "postgres")
+        target = make_conninfo(
+            host=str(self.upstream.get("hostaddr") or self.upstream.get("host") or "127.0.0.1"),
+            port=str(self.upstream.get("port") or 5432),
+            dbname=str(self.upstream.get("dbname") or user),
+            user=user,
+        )
+        text = INI.format(target=target, port=self.port, auth_file=self.dir / "users.txt")
+        (self.dir / "pgbouncer.ini").write_text(text)
 
     def dsn_for(self, database: str) -> str:
         """The DSN of ``database`` ("tx" or "session") through this PgBouncer."""
