@@ -33,6 +33,7 @@ SECTIONS = (
     "resources",
     "enqueue",
     "pools",
+    "pgfailover",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -240,6 +241,10 @@ def run_sections(run: Run) -> None:
         run.section(
             "8. Worker pools: 100 locked 1-second tasks at concurrency 100", lambda: pools(run)
         )
+    if "pgfailover" in only:
+        run.section(
+            "9. PostgreSQL failover: a promoted streaming replica", lambda: pg_failover_section(run)
+        )
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
@@ -278,6 +283,14 @@ def pools(run: Run) -> tuple[list[str], list[Any]]:
             pool_bench.Contender(c.pool, 20, c.pool_size) for c in pool_bench.CONTENDERS
         )
     return pool_bench.section(pool_bench.run(run.env, tasks=tasks, contenders=contenders))
+
+
+def pg_failover_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.pg_failover``: a promoted streaming replica, on servers of its own."""
+    from benchmarks import pg_failover  # noqa: PLC0415
+
+    trials = 2 if run.args.quick else 10
+    return pg_failover.bench_section(run.env["BENCH_BROKER_URL"], trials)
 
 
 def summary(targets: list[Any], written: bool) -> str:
