@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test lint typecheck pytest test-integration test-failover test-compat demo bench clean
+.PHONY: test lint typecheck pytest test-integration test-failover test-chaos test-compat demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The chaos campaigns (tests/chaos/test_chaos.py) have their own target: make test-chaos.
 pytest: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not campaign" $(PYTEST_ARGS)
+
+## make test-chaos: the short fixed-seed chaos campaigns (about two minutes);
+## PGLOCK_CHAOS_SEED=N (or random) adds one with that seed. CI runs it after make test.
+test-chaos: $(STAMP)
+	$(BIN)/pytest -p no:cacheprovider -m campaign -s -q tests/chaos/test_chaos.py $(PYTEST_ARGS)
 
 ## make test-integration: only the PostgreSQL tier (CI runs it again on the embedded server)
 test-integration: $(STAMP)
