@@ -80,7 +80,8 @@ def require_tables(conn: Connection, tables: Tables) -> int:
     return version
 
 
-def _fetch(conn: Connection, query: bytes, params: Mapping[str, Any]) -> list[Row]:
+def fetch(conn: Connection, query: bytes, params: Mapping[str, Any]) -> list[Row]:
+    """The rows of ``query``, as dicts."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, params).fetchall()
 
@@ -126,7 +127,7 @@ def locks(conn: Connection, tables: Tables, known_names: Iterable[str] = ()) -> 
     names = sorted(set(known_names))
     params = {"keys": [lock_key(name) for name in names], "names": names}
     found: dict[int, Row] = {}
-    for row in _fetch(conn, tables.query("ops_locks"), params):
+    for row in fetch(conn, tables.query("ops_locks"), params):
         entry = found.setdefault(
             row["lock_key"],
             {"lock": row["lock_name"], "key": row["lock_key"], "holder": None, "waiters": []},
@@ -150,12 +151,12 @@ def beat_view(all_locks: Iterable[Row], namespace: str) -> Row:
 
 def running(conn: Connection, tables: Tables, limit: int = 100) -> list[Row]:
     """Ledger rows in state ``running``; ``holder_alive`` false means an orphan."""
-    return _fetch(conn, tables.query("ops_running"), {"limit": limit})
+    return fetch(conn, tables.query("ops_running"), {"limit": limit})
 
 
 def recent_skips(conn: Connection, tables: Tables, limit: int = 20) -> list[Row]:
     """The newest entries of the skip log."""
-    return _fetch(conn, tables.query("ops_recent_skips"), {"limit": limit})
+    return fetch(conn, tables.query("ops_recent_skips"), {"limit": limit})
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ def runs(
         "state": state,
         "limit": limit,
     }
-    return _fetch(conn, tables.query("ops_runs"), params)
+    return fetch(conn, tables.query("ops_runs"), params)
 
 
 # -- ending a holder ---------------------------------------------------------------------
@@ -245,7 +246,7 @@ def holders(conn: Connection, tables: Tables, name: str) -> list[Row]:
     key = lock_key(name)
     classid, objid = split_key(key)
     params = {"key": key, "classid": classid, "objid": objid}
-    return [describe_session(row) for row in _fetch(conn, tables.query("ops_lock_holders"), params)]
+    return [describe_session(row) for row in fetch(conn, tables.query("ops_lock_holders"), params)]
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ def force_release(
     key = lock_key(name)
     classid, objid = split_key(key)
     params = {"classid": classid, "objid": objid, "pids": [h["backend_pid"] for h in found]}
-    ended = {row["backend_pid"] for row in _fetch(conn, tables.query("ops_terminate"), params)}
+    ended = {row["backend_pid"] for row in fetch(conn, tables.query("ops_terminate"), params)}
     terminated = [h for h in found if h["backend_pid"] in ended]
     done = ForcedRelease(
         name, key, terminated, _wait_released(conn, tables, params, wait), operator()
