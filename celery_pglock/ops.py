@@ -40,7 +40,7 @@ logger = logging.getLogger("celery_pglock")
 
 Row = dict[str, Any]
 
-RUN_STATES = ("scheduled", "running", "succeeded", "failed", "skipped")
+RUN_STATES = ("scheduled", "running", "succeeded", "failed", "skipped", "paused")
 RELEASE_WAIT = 5.0  # seconds to wait for terminated sessions to let go of the lock
 _OUR_SESSION = re.compile(r"^celery-pglock(?P<role>.*?) (?P<pid>\d+)@(?P<host>.+)$")
 _LIKE_SPECIAL = re.compile(r"([\\%_])")

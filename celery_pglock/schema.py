@@ -15,7 +15,18 @@ from psycopg import sql
 
 from celery_pglock.errors import ConfigurationError
 
-TABLES = ("runs", "tokens", "fences", "holders", "skips", "beat", "beat_sends", "schema_version")
+TABLES = (
+    "runs",
+    "tokens",
+    "fences",
+    "holders",
+    "skips",
+    "beat",
+    "beat_sends",
+    "pauses",
+    "audit",
+    "schema_version",
+)
 # Indexes and constraints: the prefix and the name, unqualified (they live in their table's
 # schema).
 TABLE_OBJECTS = (
@@ -26,6 +37,7 @@ TABLE_OBJECTS = (
     "beat_sends_unsent_idx",
     "beat_sends_claimed_idx",
     "runs_state_check",
+    "audit_slot_idx",
 )
 # Functions: schema-qualified and prefixed like the tables.
 FUNCTIONS = ("holds_lock", "next_token")
@@ -42,9 +54,9 @@ def _read(name: str) -> str:
 
 @cache
 def query_texts() -> dict[str, str]:
-    """Every named query in ``sql/queries.sql`` and ``sql/beat_queries.sql``, by name."""
+    """Every named query of the packaged ``sql/*queries.sql`` files, by name."""
     texts: dict[str, str] = {}
-    for filename in ("queries.sql", "beat_queries.sql", "ops_queries.sql"):
+    for filename in ("queries.sql", "beat_queries.sql", "ops_queries.sql", "control_queries.sql"):
         if resources.files("celery_pglock").joinpath("sql").joinpath(filename).is_file():
             parts = _QUERY_HEADER.split(_read(filename))
             texts.update(zip(parts[1::2], (body.strip() for body in parts[2::2]), strict=True))

@@ -44,7 +44,9 @@ __all__ = [
     "interval_slot",
     "is_time_slot",
     "next_interval_boundary",
+    "next_occurrence",
     "parse_slot",
+    "schedule_zone",
     "slot_for",
     "slots_since",
     "solar_slot",
@@ -126,6 +128,20 @@ def slot_for(sched: BaseSchedule, now: datetime, *, align_intervals: bool = True
     if bounds is None or bounds[0] is None:
         return None
     return format_slot(bounds[0])
+
+
+def next_occurrence(
+    sched: BaseSchedule, after: datetime, *, align_intervals: bool = True
+) -> datetime | None:
+    """The first occurrence of ``sched`` strictly after ``after`` (None: none, or a
+    schedule this module cannot compute slots for)."""
+    bounds = _bounds(sched, after, align_intervals)
+    return None if bounds is None else bounds[1]
+
+
+def schedule_zone(sched: BaseSchedule) -> tzinfo:
+    """The zone a crontab's wall times are read in (the app's ``timezone``); UTC else."""
+    return _zone(sched) if isinstance(sched, crontab) else timezone.utc
 
 
 def slots_since(

@@ -10,7 +10,7 @@ the leader's own connection in leader mode, so that a replica whose session was 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery_pglock import slots
 from celery_pglock.beat.planner import Due
@@ -19,6 +19,13 @@ from celery_pglock.keys import lock_key
 from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
 
 RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
+
+
+class Claimed(NamedTuple):
+    send: set[tuple[str, str]]  # (entry, slot) this replica claimed and sends
+    paused: set[tuple[str, str]]  # claimed for a paused entry: recorded, never sent
+
+
 RESEND_HORIZON = 86400.0  # seconds: older unconfirmed claims are not re-sent
 
 
@@ -34,8 +41,9 @@ class BeatClaims:
         rows = self._run_query("beat_state", {"namespace": self.settings.namespace})
         return {row[0]: row[1] for row in rows if row[1]}
 
-    def claim(self, due: list[Due]) -> set[tuple[str, str]]:
-        """Claim ``due`` in one round trip; the (entry, slot) pairs this replica may send."""
+    def claim(self, due: list[Due]) -> Claimed:
+        """Claim ``due`` in one round trip: the (entry, slot) pairs this replica may send,
+        and those it claimed for a paused entry (recorded, not to be sent)."""
         # One order for every replica: the schedule's order is a set's (per process hash
         # seed), and two replicas inserting the same claims in opposite orders deadlock.
         due = sorted(due, key=_claim_order)
@@ -51,7 +59,10 @@ class BeatClaims:
                 "tasks": [d.entry.task for d in due],
             },
         )
-        return {(entry, slot) for entry, slot in rows}
+        return Claimed(
+            send={(entry, slot) for entry, slot, paused in rows if not paused},
+            paused={(entry, slot) for entry, slot, paused in rows if paused},
+        )
 
     def confirm(self, sent: Iterable[Due]) -> None:
         """Record these claims as sent (a claim never confirmed is re-sent)."""

@@ -161,9 +161,16 @@ class PgLockSchedulerMixin:
         claimed = self.pglock_claims.claim(due)
         claimed_at = time.monotonic()
         self._planner.sent(due)
-        sent = []
+        sent = [item for item in due if (item.entry.name, item.slot) in claimed.paused]
+        for item in sent:
+            logger.info(
+                "Scheduler: not sending %s slot %s: the entry is paused",
+                item.entry.name,
+                item.slot,
+                extra={"action": "pglock_beat_paused", "entry": item.entry.name},
+            )
         for item in due:
-            if (item.entry.name, item.slot) not in claimed:
+            if (item.entry.name, item.slot) not in claimed.send:
                 continue
             checked_at = time.monotonic()
             if not self._still_leading(claimed_at):

@@ -1,4 +1,5 @@
-"""``celery -A proj pglock status|runs|migrate|prune|release``: the operator's commands.
+"""``celery -A proj pglock status|runs|migrate|prune|release``: the operator's commands
+(``pause``, ``resume``, ``trigger`` and ``why`` are in ``cli/controls.py``).
 
 Registered on ``celery`` through the ``celery.commands`` entry point; the app comes from
 ``-A``. Every command prints an aligned table by default and JSON with ``--json``, and
@@ -23,7 +24,7 @@ import click
 import psycopg
 from celery import Celery
 
-from celery_pglock import keys, ops, retention
+from celery_pglock import controls, keys, ops, retention
 from celery_pglock.cli import output
 from celery_pglock.config import APP_DEFAULTS, app_settings, redact
 from celery_pglock.db import Connection, connect
@@ -205,13 +206,15 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
         found = ops.status(
             conn, tables, namespace=namespace(app), known_names=known_lock_names(app), skips=skips
         )
+        paused = controls.pauses(conn, controls.Target(tables, found.namespace, ops.operator()))
     tasks = registered_tasks(app)
     if as_json:
-        output.echo_json({**found.as_json(), "tasks": tasks})
+        output.echo_json({**found.as_json(), "paused": paused, "tasks": tasks})
         return
     where = tables.table("*").as_string()
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
     parts = [output.locks_text(found.locks), output.beat_text(found.beat)]
+    parts += [output.pauses_text(paused)] if paused else []
     parts += [output.running_text(found.running), output.skips_text(found.skips)]
     parts += [output.tasks_text(tasks)]
     click.echo("\n\n".join(parts))
@@ -367,3 +370,9 @@ def _report_release(name: str, done: ops.ForcedRelease | None, as_json: bool) ->
         click.echo(f"\nterminated by {done.operator}; lock {name!r} is {state}")
     if not done.released:
         raise click.exceptions.Exit(EXIT_NOT_FOUND)
+
+
+# The operator controls register their commands on `pglock`: pause, resume, trigger, why
+# (controls), schedule, backfill, rerun (replay).
+from celery_pglock.cli import controls as _controls  # noqa: E402, F401
+from celery_pglock.cli import replay as _replay  # noqa: E402, F401

@@ -219,3 +219,67 @@ def holders_text(name: str, holders: list[Row]) -> str:
         for h in holders
     ]
     return section(f"HOLDER OF {name}", headers, rows)
+
+
+def pauses_text(pauses: list[Row]) -> str:
+    headers = ("ENTRY", "PAUSED BY", "SINCE", "SLOTS HELD BACK", "REASON")
+    rows = [
+        (p["entry"], p["paused_by"], when(p["paused_at"]), p["slots_held_back"], p["reason"])
+        for p in pauses
+    ]
+    return section(f"PAUSED ENTRIES ({len(pauses)})", headers, rows)
+
+
+def why_text(found: Row) -> str:
+    """``pglock why``: the slot's row, then beat's claims, skips, holder and audit trail."""
+    run = found["run"]
+    title = f"{found['lock_name']} slot {found['slot']}"
+    if found["entry"]:
+        title += f" (beat entry {found['entry']})"
+    lines = [title, f"  state: {_run_summary(run)}"]
+    if run and run["reason"]:
+        lines.append(f"  reason: {run['reason']}")
+    parts = ["\n".join(lines)]
+    sends = [
+        (
+            s["entry"],
+            s["sent_by"],
+            when(s["claimed_at"]),
+            when(s["sent_at"]),
+            s["sends"],
+            "paused" if s["paused"] else None,
+        )
+        for s in found["sends"]
+    ]
+    parts.append(
+        section("BEAT", ("ENTRY", "CLAIMED BY", "CLAIMED", "SENT", "SENDS", "NOTE"), sends)
+    )
+    skips = [
+        (when(s["at"]), s["reason"], s["task_id"], s["host"], s["pid"], s["holder_task_id"])
+        for s in found["skips"]
+    ]
+    parts.append(section("SKIPS", ("AT", "REASON", "TASK ID", "HOST", "PID", "HOLDER"), skips))
+    holder = found["holder"]
+    held = "free" if holder is None else f"held by {holder['host']} pid {holder['pid']}"
+    parts.append(f"LOCK NOW: {held}")
+    audit = [
+        (when(a["at"]), a["action"], a["actor"], a["reason"], json.dumps(a["detail"]) or None)
+        for a in found["audit"]
+    ]
+    parts.append(section("AUDIT", ("AT", "ACTION", "BY", "REASON", "DETAIL"), audit))
+    return "\n\n".join(parts)
+
+
+def _run_summary(run: Row | None) -> str:
+    if run is None:
+        return "no ledger row: never claimed (not due, not sent, or pruned)"
+    where = f" on {run['host']} pid {run['pid']}" if run["host"] else ""
+    took = None
+    if run["started_at"] and run["finished_at"]:
+        took = duration((run["finished_at"] - run["started_at"]).total_seconds())
+    timing = f", started {when(run['started_at'])}" if run["started_at"] else ""
+    timing += f", took {took}" if took else ""
+    token = f", token {run['token']}" if run["token"] is not None else ""
+    attempts = f", {run['attempts']} attempt(s)" if run["attempts"] else ""
+    task = f", task {run['task_id']}" if run["task_id"] else ""
+    return f"{run['state']}{attempts}{token}{task}{where}{timing}"

@@ -3,23 +3,32 @@
 -- name: beat_claim
 -- One round trip per tick: claim every due (entry, slot); only rows this call inserted
 -- come back, and only those are sent. The run ledger gets a `scheduled` row too, so an
--- operator sees a slot that was sent but never ran.
+-- operator sees a slot that was sent but never ran. A slot of a paused entry is claimed
+-- like any other but comes back `paused`: not sent, its row recorded `paused` with who
+-- paused the entry and why.
 WITH wanted AS (
-    SELECT * FROM unnest(%(entries)s::text[], %(slots)s::text[], %(lock_names)s::text[],
-                         %(keys)s::bigint[], %(tasks)s::text[])
-        AS w(entry, slot, lock_name, lock_key, task_name)
+    SELECT w.*, p.entry IS NOT NULL AS paused,
+           'paused by ' || p.paused_by || coalesce(': ' || p.reason, '') AS pause_reason
+      FROM unnest(%(entries)s::text[], %(slots)s::text[], %(lock_names)s::text[],
+                  %(keys)s::bigint[], %(tasks)s::text[])
+           AS w(entry, slot, lock_name, lock_key, task_name)
+      LEFT JOIN {pauses} p ON p.namespace = %(namespace)s AND p.entry = w.entry
 ), claimed AS (
-    INSERT INTO {beat_sends} (namespace, entry, slot, lock_name, sent_by)
-    SELECT %(namespace)s, entry, slot, lock_name, %(replica)s FROM wanted
+    INSERT INTO {beat_sends} (namespace, entry, slot, lock_name, sent_by, paused)
+    SELECT %(namespace)s, entry, slot, lock_name, %(replica)s, paused FROM wanted
     ON CONFLICT DO NOTHING
-    RETURNING entry, slot
+    RETURNING entry, slot, paused
 ), scheduled AS (
-    INSERT INTO {runs} (lock_name, slot, lock_key, state, entry, sent_by, task_name, scheduled_at)
-    SELECT w.lock_name, w.slot, w.lock_key, 'scheduled', w.entry, %(replica)s, w.task_name, now()
+    INSERT INTO {runs} (lock_name, slot, lock_key, state, entry, sent_by, task_name,
+                        scheduled_at, reason, finished_at)
+    SELECT w.lock_name, w.slot, w.lock_key,
+           CASE WHEN w.paused THEN 'paused' ELSE 'scheduled' END, w.entry, %(replica)s,
+           w.task_name, now(), CASE WHEN w.paused THEN w.pause_reason END,
+           CASE WHEN w.paused THEN now() END
       FROM wanted w JOIN claimed c ON c.entry = w.entry AND c.slot = w.slot
     ON CONFLICT (lock_name, slot) DO NOTHING
 )
-SELECT entry, slot FROM claimed;
+SELECT entry, slot, paused FROM claimed;
 
 -- name: beat_confirm
 -- The broker took these messages: mark them sent and advance each entry's state (an
@@ -46,7 +55,7 @@ UPDATE {beat_sends} AS s
    SET sent_by = %(replica)s, claimed_at = now(), sends = s.sends + 1
  WHERE (s.namespace, s.entry, s.slot) IN (
         SELECT namespace, entry, slot FROM {beat_sends}
-         WHERE namespace = %(namespace)s AND sent_at IS NULL
+         WHERE namespace = %(namespace)s AND sent_at IS NULL AND NOT paused
            AND claimed_at < now() - make_interval(secs => %(after)s)
            AND claimed_at > now() - make_interval(secs => %(horizon)s)
          ORDER BY claimed_at

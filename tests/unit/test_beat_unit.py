@@ -86,7 +86,7 @@ class Store:
             wanted = zip(params["entries"], params["slots"], strict=True)
             won = [pair for pair in wanted if pair not in self.claims]
             self.claims.update(dict.fromkeys(won, params["replica"]))
-            return won
+            return [(entry, slot, False) for entry, slot in won]  # no entry is paused
         if name == "beat_confirm":
             for entry, slot in zip(params["entries"], params["slots"], strict=True):
                 self.last[entry] = max(slot, self.last.get(entry, ""))

@@ -43,11 +43,27 @@ CONFIGURED_PATHS = {
 }
 
 COMMANDS = {
+    "pglock backfill": [
+        "--by",
+        "--dry-run",
+        "--from",
+        "--json",
+        "--limit",
+        "--rate",
+        "--to",
+        "ENTRY",
+    ],
     "pglock migrate": ["--json", "--sql"],
+    "pglock pause": ["--by", "--json", "--reason", "ENTRY"],
     "pglock prune": ["--any-namespace", "--batch", "--json", "--older-than"],
     "pglock release": ["--any-namespace", "--json", "--yes", "NAME"],
+    "pglock rerun": ["--by", "--json", "--reason", "LOCK", "SLOT"],
+    "pglock resume": ["--by", "--catch-up", "--json", "ENTRY"],
     "pglock runs": ["--json", "--limit", "--since", "--state", "--task"],
+    "pglock schedule": ["--entry", "--from", "--json", "--next"],
     "pglock status": ["--json", "--skips", "LOCK"],
+    "pglock trigger": ["--by", "--json", "--slot", "ENTRY"],
+    "pglock why": ["--json", "NAME", "SLOT"],
     "celery-pglock demo": ["ARGS"],
     "celery-pglock run": [
         "--dsn",

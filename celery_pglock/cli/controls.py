@@ -1,0 +1,154 @@
+"""``celery -A proj pglock pause|resume|trigger|why``: steer beat entries, explain a slot.
+
+Entries are the beat schedule's as the app's ``beat_scheduler`` loads it (a class with
+``PgLockSchedulerMixin``: ``PgLockScheduler``'s ``beat_schedule``, or django-celery-beat's
+periodic tasks by name). The commands are thin shells around ``celery_pglock.controls``.
+"""
+
+from __future__ import annotations
+
+import click
+from celery import Celery
+
+from celery_pglock import controls, ops
+from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.cli import output
+from celery_pglock.cli.command import (
+    NotFound,
+    Refused,
+    current_app,
+    json_option,
+    pglock,
+    reported_errors,
+    resolve_lock,
+    session,
+)
+from celery_pglock.cli.entries import BY_HELP, Delivery, Schedule, checked, send, target
+
+
+@pglock.command()
+@click.argument("entry")
+@click.option("--reason", help="Why, for status, why and the audit trail.")
+@click.option("--by", help=BY_HELP)
+@json_option
+@click.pass_context
+def pause(
+    ctx: click.Context, entry: str, reason: str | None, by: str | None, as_json: bool
+) -> None:
+    """Stop sending ENTRY's slots: every beat replica obeys at its next tick.
+
+    Slots that fall due meanwhile are recorded `paused`, not sent. The entry itself is
+    left as it is (django-celery-beat's `enabled` too): the pause is celery-pglock's.
+    """
+    app = current_app(ctx)
+    with reported_errors():
+        Schedule(app).entry(entry)
+        with session(app) as (conn, _):
+            done = controls.pause(conn, target(app, by), entry, reason)
+    if as_json:
+        output.echo_json(ops.jsonable(done))
+        return
+    since = f"paused by {done['paused_by']} at {done['paused_at']:%Y-%m-%d %H:%M:%S %Z}"
+    said = f" ({done['reason']})" if done["reason"] else ""
+    if not done["new"]:
+        click.echo(f"{entry}: already {since}{said}; left as it was")
+        return
+    click.echo(f"{entry}: {since}{said}. Every beat replica stops sending it at its next tick;")
+    click.echo("the schedule entry itself is unchanged (resume with `pglock resume`).")
+
+
+@pglock.command()
+@click.argument("entry")
+@click.option(
+    "--catch-up",
+    is_flag=True,
+    help="Also send the slots held back by the pause (the newest, at most "
+    "pglock_beat_catch_up_limit of them), oldest first.",
+)
+@click.option("--by", help=BY_HELP)
+@json_option
+@click.pass_context
+def resume(ctx: click.Context, entry: str, catch_up: bool, by: str | None, as_json: bool) -> None:
+    """Send ENTRY's slots again, from its next due slot on."""
+    app = current_app(ctx)
+    with reported_errors():
+        schedule = Schedule(app)
+        found = schedule.entry(entry)
+        limit = BeatSettings.from_app(app).entry_catch_up(found)[1] if catch_up else 0
+        with session(app) as (conn, tables):
+            done = controls.resume(conn, target(app, by), entry, catch_up=limit)
+            if done is None:
+                raise NotFound(f"{entry} is not paused")
+            delivery = Delivery(app, conn, tables, found, schedule.lock_name(found))
+            outcomes = [delivery.run(slot) for slot in done["caught_up"]]
+        done["outcomes"] = dict(zip(done["caught_up"], outcomes, strict=True))
+    if as_json:
+        output.echo_json(ops.jsonable(done))
+        return
+    click.echo(f"{entry}: resumed (paused by {done['paused_by']} at {done['paused_at']}).")
+    for slot, outcome in done["outcomes"].items():
+        click.echo(f"  held-back slot {slot}: {outcome}")
+
+
+@pglock.command()
+@click.argument("entry")
+@click.option("--slot", help="The run's slot [default: manual:<UTC time>]; one slot runs once.")
+@click.option("--by", help=BY_HELP)
+@json_option
+@click.pass_context
+def trigger(
+    ctx: click.Context, entry: str, slot: str | None, by: str | None, as_json: bool
+) -> None:
+    """Send one run of ENTRY now. Triggering twice with one --slot runs it once."""
+    app = current_app(ctx)
+    with reported_errors():
+        schedule = Schedule(app)
+        found = schedule.entry(entry)
+        slot = checked(slot) if slot is not None else controls.manual_slot()
+        lock = schedule.lock_name(found)
+        with session(app) as (conn, _):
+            done = controls.record_trigger(
+                conn, target(app, by), entry=entry, task=found.task, lock_name=lock, slot=slot
+            )
+        if done["send"]:
+            send(app, found, slot)
+    result = {**done, "entry": entry, "lock_name": lock, "slot": slot}
+    if as_json:
+        output.echo_json(ops.jsonable(result))
+    elif done["send"]:
+        click.echo(f"{entry}: sent {found.task} with slot {slot} (lock {lock})")
+    else:
+        click.echo(
+            f"{entry}: slot {slot} already succeeded (token {done['token']}): nothing sent. "
+            f"To run it once more on purpose: celery pglock rerun {lock} {slot} --reason …"
+        )
+
+
+@pglock.command()
+@click.argument("name")
+@click.argument("slot")
+@json_option
+@click.pass_context
+def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
+    """Everything known about one slot of NAME (a beat entry, a task or a lock name):
+    was it claimed and sent, every attempt and skip, the lock's holder, the audit trail."""
+    app = current_app(ctx)
+    with reported_errors():
+        entry, lock = _lock_of(app, name)
+        with session(app) as (conn, _):
+            found = controls.why(conn, target(app, None), lock_name=lock, slot=slot, entry=entry)
+    if as_json:
+        output.echo_json(ops.jsonable(found))
+        return
+    click.echo(output.why_text(found))
+
+
+def _lock_of(app: Celery, name: str) -> tuple[str | None, str]:
+    """(entry, lock name) for a beat entry's name, else (None, the task's or lock's)."""
+    try:
+        schedule = Schedule(app)
+    except Refused:
+        return None, resolve_lock(app, name)
+    if name in schedule.entries:
+        return name, schedule.lock_name(schedule.entries[name])
+    return None, resolve_lock(app, name)

@@ -1,0 +1,121 @@
+"""What the operator commands share: the app's beat entries as its scheduler loads them,
+who acts, and sending an entry's slot by name (waiting for its outcome)."""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from celery import Celery
+from celery.utils.imports import symbol_by_name
+
+from celery_pglock import controls, ops
+from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
+from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.cli.command import Refused, namespace
+from celery_pglock.db import Connection
+from celery_pglock.errors import ConfigurationError
+from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER, checked_slot
+from celery_pglock.schema import Tables
+
+BY_HELP = "Who acts, for the audit trail [default: user@host]."
+FINAL_STATES = ("succeeded", "failed", "skipped")
+DELIVERY_TIMEOUT = 60.0  # seconds a slot sent by name may take to end
+LOCKED_RETRIES = 5
+LOCKED_PAUSE = 0.5  # seconds, times the attempt, before sending a `locked` slot again
+POLL = 0.1
+
+
+class Schedule:
+    """The app's beat entries, loaded as its beat scheduler loads them."""
+
+    def __init__(self, app: Celery) -> None:
+        cls = symbol_by_name(app.conf.beat_scheduler)
+        if not (isinstance(cls, type) and issubclass(cls, PgLockSchedulerMixin)):
+            raise Refused(
+                f"beat_scheduler is {app.conf.beat_scheduler!r}: pausing, triggering and "
+                "explaining entries need celery_pglock.beat:PgLockScheduler (or a scheduler "
+                "class with PgLockSchedulerMixin first)"
+            )
+        scheduler: Any = cls(app=app, lazy=True)
+        scheduler.setup_schedule()
+        self.scheduler = scheduler
+        self.entries: dict[str, Any] = dict(self.scheduler.schedule)
+
+    def entry(self, name: str) -> Any:
+        """The entry ``name``, or a ``Refused`` naming the nearest ones."""
+        if name in self.entries:
+            return self.entries[name]
+        near = difflib.get_close_matches(name, list(self.entries), n=3, cutoff=0.5)
+        known = near or sorted(self.entries)
+        hint = "did you mean" if near else "entries are"
+        raise Refused(f"no beat entry {name!r}: {hint} {', '.join(known) or '(none)'}")
+
+    def lock_name(self, entry: Any) -> str:
+        return str(self.scheduler._lock_name(entry))
+
+
+def target(app: Celery, by: str | None) -> controls.Target:
+    settings = BeatSettings.from_app(app)
+    return controls.Target(settings.connection.tables, namespace(app), by or ops.operator())
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Slots of one entry sent by name, one at a time, each waited for until final."""
+
+    app: Celery
+    conn: Connection
+    tables: Tables
+    entry: Any
+    lock: str
+
+    def run(self, slot: str) -> str:
+        """Send ``slot`` and wait until the message is done with; how it ended. A message
+        sent while another run of its lock holds it is skipped `locked`: sent again, a
+        few times."""
+        for attempt in range(1, LOCKED_RETRIES + 1):
+            # Without the entry header: a slot asked for by name is not coalesced away by
+            # the newer slots that ran meanwhile.
+            task_id = send(self.app, self.entry, slot, as_beat=False)
+            ended = self.wait_done(slot, task_id)
+            if ended is None:
+                return f"sent; not done after {DELIVERY_TIMEOUT:.0f} s (is a worker running?)"
+            if ended != "skipped (locked)":
+                return ended
+            time.sleep(LOCKED_PAUSE * attempt)
+        return f"skipped `locked` {LOCKED_RETRIES} times: another run of {self.lock} kept the lock"
+
+    def wait_done(self, slot: str, task_id: str) -> str | None:
+        """How message ``task_id`` ended: its attempt's final state, or its skip."""
+        deadline = time.monotonic() + DELIVERY_TIMEOUT
+        while time.monotonic() < deadline:
+            row = controls.run_row(self.conn, self.tables, self.lock, slot)
+            if row is not None and row["task_id"] == task_id and row["state"] in FINAL_STATES:
+                return str(row["state"]) + (f" ({row['reason']})" if row["reason"] else "")
+            skips = controls.skips_of(self.conn, self.tables, self.lock, slot)
+            if any(skip["task_id"] == task_id for skip in skips):
+                reason = next(s["reason"] for s in skips if s["task_id"] == task_id)
+                return f"skipped ({reason})"
+            time.sleep(POLL)
+        return None
+
+
+def checked(slot: str) -> str:
+    """A slot given on the command line, or a usage error naming what is wrong with it."""
+    try:
+        return checked_slot("--slot", slot)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--slot") from None
+
+
+def send(app: Celery, entry: Any, slot: str, *, as_beat: bool = True) -> str:
+    """Publish ``entry``'s task as beat would, with ``slot`` in its headers (and the
+    entry's name, unless ``as_beat`` is false); the message's task id."""
+    headers = {SLOT_HEADER: slot, **({ENTRY_HEADER: entry.name} if as_beat else {})}
+    view = EntryWithHeaders(entry, headers)
+    sent = app.send_task(entry.task, args=entry.args, kwargs=entry.kwargs, **view.options)
+    return str(sent.id)
