@@ -1,184 +1,42 @@
-"""``celery -A proj pglock status|runs|migrate|prune|release``: the operator's commands
-(``pause``, ``resume``, ``trigger`` and ``why`` are in ``cli/controls.py``).
+"""``celery -A proj pglock …``: the operator's commands.
 
-Registered on ``celery`` through the ``celery.commands`` entry point; the app comes from
-``-A``. Every command prints an aligned table by default and JSON with ``--json``, and
-exits with a code that means something:
-
-- 0: done;
-- 1: not found (no such run, lock not held, no tables yet);
-- 2: usage (bad option, missing setting, refused without ``--yes``, name outside the
-  app's namespace);
-- 3: PostgreSQL unreachable (the message names the server, never the password);
-- 4: PostgreSQL refused (the role may not end other sessions).
+``status``, ``runs``, ``migrate``, ``prune`` and ``release`` are here; ``pause``,
+``resume``, ``trigger`` and ``why`` in ``cli/controls.py``; ``schedule``, ``backfill`` and
+``rerun`` in ``cli/replay.py``. Registered on ``celery`` through the ``celery.commands``
+entry point; the app comes from ``-A``. Every command prints an aligned table by default
+and JSON with ``--json``, and exits with a code that means something (``cli/common.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
 
 import click
-import psycopg
 from celery import Celery
 
-from celery_pglock import controls, keys, ops, retention
+from celery_pglock import controls, ops, retention
 from celery_pglock.cli import output
-from celery_pglock.config import APP_DEFAULTS, app_settings, redact
-from celery_pglock.db import Connection, connect
-from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
+from celery_pglock.cli.common import (
+    EXIT_NOT_FOUND,
+    NotFound,
+    Refused,
+    current_app,
+    json_option,
+    known_lock_names,
+    namespace,
+    registered_tasks,
+    reported_errors,
+    resolve_lock,
+    session,
+    tables_of,
+)
+from celery_pglock.cli.controls import pause, resume, trigger, why
+from celery_pglock.cli.replay import backfill, rerun, schedule
+from celery_pglock.config import app_settings
+from celery_pglock.db import Connection
+from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
-from celery_pglock.messages import BUILTIN_PREFIX
-from celery_pglock.names import fixed_lock_name
 from celery_pglock.schema import Tables
-from celery_pglock.task import PgLockMixin
-
-EXIT_OK = 0
-EXIT_NOT_FOUND = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_FORBIDDEN = 4
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class NotFound(click.ClickException):
-    """Nothing to show or act on: no such run, lock not held, no tables yet."""
-
-    exit_code = EXIT_NOT_FOUND
-
-
-class Refused(click.ClickException):
-    """The command line asks for something we will not do as given."""
-
-    exit_code = EXIT_USAGE
-
-
-class Unreachable(click.ClickException):
-    """PostgreSQL could not be reached (or the connection broke)."""
-
-    exit_code = EXIT_UNREACHABLE
-
-
-class Forbidden(click.ClickException):
-    """PostgreSQL refused the operation to this role."""
-
-    exit_code = EXIT_FORBIDDEN
-
-
-@contextmanager
-def reported_errors() -> Iterator[None]:
-    """Library and driver errors as one clean line and an exit code (passwords redacted)."""
-    try:
-        yield
-    except SchemaMissing as exc:
-        raise NotFound(str(exc)) from None
-    except ConfigurationError as exc:
-        raise Refused(str(exc)) from None
-    except DatabaseUnavailable as exc:
-        raise Unreachable(str(exc)) from None
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise Forbidden(f"PostgreSQL refused: {_first_line(exc)}") from None
-    except psycopg.OperationalError as exc:
-        message = f"lost the connection to PostgreSQL: {_first_line(exc)}"
-        raise Unreachable(message) from None
-    except psycopg.Error as exc:
-        raise NotFound(f"PostgreSQL error: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(text.splitlines()[0] if text else type(exc).__name__)
-
-
-def json_option(function: F) -> F:
-    return click.option(
-        "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
-    )(function)
-
-
-# -- the app ------------------------------------------------------------------------------
-
-
-def current_app(ctx: click.Context) -> Celery:
-    """The app given to ``celery -A``."""
-    obj = ctx.find_root().obj
-    app = getattr(obj, "app", None)
-    if app is None:
-        raise Refused("no Celery app: run as `celery -A proj pglock …`")
-    return app  # type: ignore[no-any-return]
-
-
-def namespace(app: Celery) -> str:
-    """The app-wide lock namespace (``pglock_namespace``, else the app's main name)."""
-    return keys.namespace(app.conf.get("pglock_namespace"), app.main)
-
-
-def task_lock_name(app: Celery, task_name: str) -> str | None:
-    """The lock name of a registered locked task, when it does not depend on arguments."""
-    task = app.tasks.get(task_name)
-    if not isinstance(task, PgLockMixin):
-        return None
-    try:
-        options = task.pglock_options()
-    except ConfigurationError:
-        return None
-    return fixed_lock_name(task_name, options)
-
-
-def registered_tasks(app: Celery) -> list[dict[str, Any]]:
-    """The app's tasks (not Celery's own): locked or not, and how, for ``status``."""
-    found = []
-    for name, task in sorted(app.tasks.items()):
-        if name.startswith(BUILTIN_PREFIX):
-            continue
-        row: dict[str, Any] = {"task": name, "locked": isinstance(task, PgLockMixin)}
-        if isinstance(task, PgLockMixin):
-            try:
-                options = task.pglock_options()
-            except ConfigurationError as exc:
-                row["error"] = str(exc)
-            else:
-                row["lock"] = task_lock_name(app, name) or "(from the arguments)"
-                row["scope"] = options.scope
-                row["scheduled_only"] = options.scheduled_only
-        found.append(row)
-    return found
-
-
-def known_lock_names(app: Celery) -> list[str]:
-    """Lock names this app's tasks use, so their locks are named even before any run."""
-    names = (task_lock_name(app, name) for name in list(app.tasks))
-    return sorted({name for name in names if name})
-
-
-def resolve_lock(app: Celery, name: str) -> str:
-    """A lock name, or a registered task name turned into its lock name."""
-    try:
-        lock_key(name)
-    except (TypeError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="NAME") from None
-    return task_lock_name(app, name) or name
-
-
-def tables_of(app: Celery) -> Tables:
-    """The app's tables from its settings, without needing a DSN."""
-    conf = app.conf
-    schema = conf.get("pglock_schema") or APP_DEFAULTS["pglock_schema"]
-    prefix = conf.get("pglock_table_prefix")
-    return Tables(schema, APP_DEFAULTS["pglock_table_prefix"] if prefix is None else prefix)
-
-
-@contextmanager
-def session(app: Celery) -> Iterator[tuple[Connection, Tables]]:
-    """A connection labelled with the operator (``pg_stat_activity``, server logs)."""
-    settings = app_settings(app)
-    label = f"celery-pglock cli {ops.operator()}".encode()[:63].decode("utf-8", "ignore")
-    with connect(settings, application_name=label) as conn:
-        yield conn, settings.tables
-
 
 # -- commands -----------------------------------------------------------------------------
 
@@ -372,7 +230,5 @@ def _report_release(name: str, done: ops.ForcedRelease | None, as_json: bool) ->
         raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
-# The operator controls register their commands on `pglock`: pause, resume, trigger, why
-# (controls), schedule, backfill, rerun (replay).
-from celery_pglock.cli import controls as _controls  # noqa: E402, F401
-from celery_pglock.cli import replay as _replay  # noqa: E402, F401
+for command in (pause, resume, trigger, why, schedule, backfill, rerun):
+    pglock.add_command(command)

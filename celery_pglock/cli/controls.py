@@ -13,12 +13,11 @@ from celery import Celery
 from celery_pglock import controls, ops
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
-from celery_pglock.cli.command import (
+from celery_pglock.cli.common import (
     NotFound,
     Refused,
     current_app,
     json_option,
-    pglock,
     reported_errors,
     resolve_lock,
     session,
@@ -26,7 +25,7 @@ from celery_pglock.cli.command import (
 from celery_pglock.cli.entries import BY_HELP, Delivery, Schedule, checked, send, target
 
 
-@pglock.command()
+@click.command()
 @click.argument("entry")
 @click.option("--reason", help="Why, for status, why and the audit trail.")
 @click.option("--by", help=BY_HELP)
@@ -57,7 +56,7 @@ def pause(
     click.echo("the schedule entry itself is unchanged (resume with `pglock resume`).")
 
 
-@pglock.command()
+@click.command()
 @click.argument("entry")
 @click.option(
     "--catch-up",
@@ -90,7 +89,7 @@ def resume(ctx: click.Context, entry: str, catch_up: bool, by: str | None, as_js
         click.echo(f"  held-back slot {slot}: {outcome}")
 
 
-@pglock.command()
+@click.command()
 @click.argument("entry")
 @click.option("--slot", help="The run's slot [default: manual:<UTC time>]; one slot runs once.")
 @click.option("--by", help=BY_HELP)
@@ -124,7 +123,7 @@ def trigger(
         )
 
 
-@pglock.command()
+@click.command()
 @click.argument("name")
 @click.argument("slot")
 @json_option

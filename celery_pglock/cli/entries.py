@@ -15,7 +15,7 @@ from celery.utils.imports import symbol_by_name
 from celery_pglock import controls, ops
 from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.cli.command import Refused, namespace
+from celery_pglock.cli.common import Refused, namespace
 from celery_pglock.db import Connection
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER, checked_slot

@@ -17,12 +17,11 @@ from celery import Celery
 from celery_pglock import controls, ops, preview, slots
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
-from celery_pglock.cli.command import (
+from celery_pglock.cli.common import (
     NotFound,
     Refused,
     current_app,
     json_option,
-    pglock,
     reported_errors,
     session,
 )
@@ -45,7 +44,7 @@ def moment(ctx: click.Context, param: click.Parameter, value: str | None) -> dat
     return parsed.astimezone(timezone.utc)
 
 
-@pglock.command()
+@click.command()
 @click.option("--entry", "name", help="Only this entry.")
 @click.option("--next", "count", default=5, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--from", "start", callback=moment, help="From this time [default: now].")
@@ -84,7 +83,7 @@ def _no_slots() -> str:
     return "  (no slot this library can compute: a custom schedule, or unaligned intervals)"
 
 
-@pglock.command()
+@click.command()
 @click.argument("entry")
 @click.option("--from", "start", callback=moment, required=True, help="First time (ISO-8601).")
 @click.option("--to", "end", callback=moment, required=True, help="Last time (ISO-8601).")
@@ -203,7 +202,7 @@ def _report_backfill(
     click.echo(output.table(("SLOT", "ACTION", "WHY", "OUTCOME"), rows))
 
 
-@pglock.command()
+@click.command()
 @click.argument("lock")
 @click.argument("slot")
 @click.option("--reason", required=True, help="Why this slot runs again (kept in the audit).")
