@@ -16,14 +16,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 
 from celery_pglock.schema import Tables
-
-if TYPE_CHECKING:  # protocol stands on db, which holds a Recall
-    from celery_pglock.protocol import Claim
 
 logger = logging.getLogger("celery_pglock")
 
@@ -37,6 +34,19 @@ TIMELINE_SQL = (
     "SELECT CASE WHEN NOT pg_is_in_recovery() THEN"
     " ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int END"
 )
+
+
+class Claim(Protocol):
+    """What is recalled of an attempt's claim (``protocol.Claim``, which stands on ``db``:
+    named here by shape, so that ``db`` can hold a ``Recall`` without a circle)."""
+
+    @property
+    def lock_name(self) -> str: ...
+
+    @property
+    def slot(self) -> str | None: ...
+
+    def params(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
