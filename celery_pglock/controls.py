@@ -129,6 +129,12 @@ def skips_of(conn: Connection, tables: Tables, lock_name: str, slot: str) -> lis
     return fetch(conn, tables.query("why_skips"), {"lock_name": lock_name, "slot": slot})
 
 
+def lock_has_rows(conn: Connection, tables: Tables, lock_name: str) -> bool:
+    """Whether ``lock_name`` ever had a ledger row or a skip (any slot)."""
+    [row] = fetch(conn, tables.query("control_lock_rows"), {"lock_name": lock_name})
+    return bool(row["known"])
+
+
 def why(conn: Connection, target: Target, *, lock_name: str, slot: str, entry: str | None) -> Row:
     """Everything known about one slot: its row, beat's claims and sends, every skip, the
     lock's holder now, the audit trail (the entry's pauses included)."""

@@ -236,7 +236,10 @@ def why_text(found: Row) -> str:
     title = f"{found['lock_name']} slot {found['slot']}"
     if found["entry"]:
         title += f" (beat entry {found['entry']})"
-    lines = [title, f"  state: {_run_summary(run)}"]
+    lines = [title]
+    if found.get("due"):
+        lines.append(f"  due: {found['due']}")
+    lines.append(f"  state: {_run_summary(run)}")
     if run and run["reason"]:
         lines.append(f"  reason: {run['reason']}")
     parts = ["\n".join(lines)]

@@ -67,6 +67,11 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, r.state, r.token, r.finished
   FROM (SELECT 1) AS one
   LEFT JOIN {runs} r ON r.lock_name = %(lock_name)s AND r.slot = %(slot)s;
 
+-- name: control_lock_rows
+-- Whether a lock name is known to the ledger at all (both look-ups use an index).
+SELECT EXISTS (SELECT 1 FROM {runs} WHERE lock_name = %(lock_name)s)
+    OR EXISTS (SELECT 1 FROM {skips} WHERE lock_name = %(lock_name)s) AS known;
+
 -- name: why_run
 SELECT lock_name, slot, state, attempts, token, task_id, task_name, host, pid, entry,
        sent_by, reason, created_at, scheduled_at, started_at, finished_at, updated_at

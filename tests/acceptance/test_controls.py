@@ -110,11 +110,15 @@ def test_why_tells_what_happened_to_a_slot(lab: Lab) -> None:
 
     code, out = lab.cli("why", "tick", ran)
     assert 0 == code, out
+    assert "due: yes" in out
     assert "state: succeeded, 1 attempt(s), token" in out
     assert "done" in out.split("SKIPS", 1)[1]  # the duplicate, skipped
     code, out = lab.cli("why", "tick", "2000-01-01T00:00:00Z")
     assert 0 == code, out
     assert "never claimed" in out
+    code, out = lab.cli("why", "tick", "manual:never-sent")
+    assert 0 == code, out
+    assert "due: not a time slot" in out
 
 
 @pytest.mark.parametrize(
@@ -122,6 +126,7 @@ def test_why_tells_what_happened_to_a_slot(lab: Lab) -> None:
     [
         (("pause", "tik"), "did you mean tick"),
         (("trigger", "tock"), "did you mean tick"),
+        (("why", "tikc", "2026-12-01T00:00:00Z"), "did you mean tick"),
         (("trigger", "tick", "--slot", "x" * 3000), "invalid slot"),
         (("trigger", "tick", "--slot", ""), "invalid slot"),
         (
