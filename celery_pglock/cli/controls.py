@@ -145,7 +145,7 @@ def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
         lock = schedule.lock_name(entry) if schedule and entry else resolve_lock(app, name)
         with session(app) as (conn, _):
             found = controls.why(
-                conn, target(app, None), lock_name=lock, slot=slot, entry=entry and name
+                conn, target(app, None), lock_name=lock, slot=slot, entry=name if entry else None
             )
             if entry is None and not _known(app, conn, name, lock, found):
                 near = difflib.get_close_matches(name, _names(app, schedule), n=3, cutoff=0.5)
