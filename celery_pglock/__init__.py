@@ -21,7 +21,13 @@ from celery_pglock.errors import (
 from celery_pglock.fencing import fence
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
-from celery_pglock.signals import beat_leader_changed, lock_acquired, lock_lost, task_skipped
+from celery_pglock.signals import (
+    beat_leader_changed,
+    lock_acquired,
+    lock_lost,
+    task_overdue,
+    task_skipped,
+)
 from celery_pglock.standalone import advisory_lock, run_once
 from celery_pglock.states import SKIPPED
 from celery_pglock.task import PgLockMixin, PgLockTask
@@ -54,5 +60,6 @@ __all__ = [
     "lock_lost",
     "migration_sql",
     "run_once",
+    "task_overdue",
     "task_skipped",
 ]

@@ -59,6 +59,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_beat_max_interval": 1.0,
     "pglock_beat_catch_up": "none",
     "pglock_beat_catch_up_limit": 10,
+    "pglock_overdue_after": None,  # seconds after its due time a slot not succeeded is overdue
     # Operations.
     "pglock_ledger_retention": None,
     "pglock_metrics": False,
@@ -289,6 +290,18 @@ def catch_up_option(policy: Any, limit: Any, where: str) -> tuple[CatchUp, int]:
             f"{where}: pglock_beat_catch_up_limit must be an int >= 1, got {limit!r}"
         )
     return policy, limit
+
+
+def overdue_option(seconds: Any, where: str) -> float | None:
+    """``pglock_overdue_after``, checked: seconds > 0, or None (no freshness alert)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise ConfigurationError(
+            f"{where}: pglock_overdue_after must be a number of seconds > 0, or None (off), "
+            f"got {seconds!r}"
+        )
+    return float(seconds)
 
 
 def _lease(lease: Any, task_name: str) -> float | None:

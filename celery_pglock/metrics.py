@@ -53,6 +53,8 @@ class Metrics:
     losses: Counter
     leader: Gauge
     leader_changes: Counter
+    last_success: Gauge
+    overdue: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -97,6 +99,18 @@ class Metrics:
             leader_changes=prom.Counter(
                 "pglock_beat_leader_changes", "Beat leadership changes.", ["change"], registry=reg
             ),
+            last_success=prom.Gauge(
+                "pglock_entry_last_success_timestamp_seconds",
+                "When a beat entry's newest succeeded slot finished (pglock_overdue_after set).",
+                ["entry"],
+                registry=reg,
+            ),
+            overdue=prom.Gauge(
+                "pglock_entry_overdue",
+                "1 while a beat entry has a slot not succeeded past pglock_overdue_after.",
+                ["entry"],
+                registry=reg,
+            ),
         )
 
 
@@ -114,6 +128,7 @@ class _Recorder:
         signals.task_skipped.connect(self.on_task_skipped, weak=False)
         signals.lock_lost.connect(self.on_lock_lost, weak=False)
         signals.beat_leader_changed.connect(self.on_leader_changed, weak=False)
+        signals.entry_freshness.connect(self.on_entry_freshness, weak=False)
 
     def on_task_prerun(self, sender: Any = None, **_: Any) -> None:
         self.local.started = time.perf_counter()
@@ -144,6 +159,13 @@ class _Recorder:
     def on_leader_changed(self, sender: Any = None, leader: bool = False, **_: Any) -> None:
         self.metrics.leader.set(1 if leader else 0)
         self.metrics.leader_changes.labels(change="elected" if leader else "stepped_down").inc()
+
+    def on_entry_freshness(
+        self, entry: str = "", last_success_at: Any = None, overdue: bool = False, **_: Any
+    ) -> None:
+        if last_success_at is not None:
+            self.metrics.last_success.labels(entry=entry).set(last_success_at.timestamp())
+        self.metrics.overdue.labels(entry=entry).set(1 if overdue else 0)
 
 
 def _task_name(sender: Any) -> str:

@@ -5,6 +5,11 @@
 - ``lock_lost(sender=task name or None, lock, slot, token, cause)``
 - ``beat_leader_changed(sender=scheduler, leader, previous)``: ``leader`` is True when this
   replica became the leader, False when it stepped down.
+- ``task_overdue(sender=scheduler, entry, slot, overdue_seconds, last_success,
+  last_success_at)``: the beat leader found that slot of the entry not succeeded
+  ``pglock_overdue_after`` seconds after it fell due; once per slot.
+- ``entry_freshness(sender=scheduler, entry, last_success_at, overdue)``: the leader's
+  every look at an entry with ``pglock_overdue_after`` (the metrics listen to it).
 """
 
 from __future__ import annotations
@@ -15,3 +20,5 @@ lock_acquired = Signal(name="pglock_lock_acquired")
 task_skipped = Signal(name="pglock_task_skipped")
 lock_lost = Signal(name="pglock_lock_lost")
 beat_leader_changed = Signal(name="pglock_beat_leader_changed")
+task_overdue = Signal(name="pglock_task_overdue")
+entry_freshness = Signal(name="pglock_entry_freshness")

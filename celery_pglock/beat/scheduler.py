@@ -18,6 +18,7 @@ import psycopg
 from celery.beat import Scheduler
 
 from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
@@ -88,6 +89,7 @@ class PgLockSchedulerMixin:
             app.conf, self.pglock_settings, self.pglock_beat.namespace
         )
         self._election: LeaderElection | None = None
+        self._freshness = FreshnessWatch(self.pglock_beat, self._run_query, self)
         self._schema_ready = False
         super().__init__(*args, **kwargs)
         self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
@@ -129,6 +131,7 @@ class PgLockSchedulerMixin:
             self._send(due)
         self._resend_unconfirmed()
         self._sweep_orphans()
+        self._freshness.maybe_check(self.schedule.values(), self._lock_name, now)
         self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
 
     def _start_election(self) -> None:

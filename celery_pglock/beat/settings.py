@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_pglock import keys
-from celery_pglock.config import APP_DEFAULTS, CatchUp, Settings, app_settings, catch_up_option
+from celery_pglock.config import (
+    APP_DEFAULTS,
+    CatchUp,
+    Settings,
+    app_settings,
+    catch_up_option,
+    overdue_option,
+)
 from celery_pglock.db import HOSTNAME
 from celery_pglock.errors import ConfigurationError
 
@@ -18,7 +25,8 @@ logger = logging.getLogger("celery_pglock.beat")
 # Per-entry settings read from an entry's ``options`` (and stripped before sending).
 CATCH_UP_OPTION = "pglock_catch_up"
 CATCH_UP_LIMIT_OPTION = "pglock_catch_up_limit"
-ENTRY_OPTIONS = (CATCH_UP_OPTION, CATCH_UP_LIMIT_OPTION)
+OVERDUE_OPTION = "pglock_overdue_after"
+ENTRY_OPTIONS = (CATCH_UP_OPTION, CATCH_UP_LIMIT_OPTION, OVERDUE_OPTION)
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class BeatSettings:
     resend_after: float
     max_interval: float
     catch_up: tuple[CatchUp, int]  # the app's policy and bound
+    overdue_after: float | None  # the app's freshness deadline (None: off)
     replica: str  # host:pid, recorded with each claim
 
     @classmethod
@@ -47,6 +56,7 @@ class BeatSettings:
             resend_after=float(_conf(conf, "pglock_beat_resend_after")),
             max_interval=float(_conf(conf, "pglock_beat_max_interval")),
             catch_up=_catch_up_conf(conf),
+            overdue_after=_overdue_conf(conf),
             replica=f"{HOSTNAME}:{os.getpid()}",
         )
 
@@ -70,6 +80,26 @@ class BeatSettings:
                 "%s; using the app's %r", exc, policy, extra={"action": "pglock_beat_bad_option"}
             )
             return policy, limit
+
+    def entry_overdue_after(self, entry: Any) -> float | None:
+        """The entry's freshness deadline: its ``options`` over the app's (None: off)."""
+        options = entry.options or {}
+        where = f"beat entry {entry.name!r}"
+        try:
+            return overdue_option(options.get(OVERDUE_OPTION, self.overdue_after), where)
+        except ConfigurationError as exc:  # an entry edited at run time (django-celery-beat)
+            logger.error("%s; using the app's", exc, extra={"action": "pglock_beat_bad_option"})
+            return self.overdue_after
+
+
+def _overdue_conf(conf: Any) -> float | None:
+    """The app's freshness deadline, and every ``beat_schedule`` entry's, checked."""
+    default = overdue_option(_conf(conf, "pglock_overdue_after"), "app.conf")
+    for name, spec in (conf.get("beat_schedule") or {}).items():
+        options = (spec.get("options") if isinstance(spec, dict) else None) or {}
+        if OVERDUE_OPTION in options:
+            overdue_option(options[OVERDUE_OPTION], f"beat_schedule[{name!r}].options")
+    return default
 
 
 def _catch_up_conf(conf: Any) -> tuple[CatchUp, int]:

@@ -15,6 +15,8 @@ import click
 from celery import Celery
 
 from celery_pglock import controls, ops, retention
+from celery_pglock.beat.freshness import Freshness, entries_freshness
+from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     EXIT_NOT_FOUND,
@@ -31,6 +33,7 @@ from celery_pglock.cli.common import (
     tables_of,
 )
 from celery_pglock.cli.controls import pause, resume, trigger, why
+from celery_pglock.cli.entries import Schedule
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.config import app_settings
 from celery_pglock.db import Connection
@@ -65,17 +68,30 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
             conn, tables, namespace=namespace(app), known_names=known_lock_names(app), skips=skips
         )
         paused = controls.pauses(conn, controls.Target(tables, found.namespace, ops.operator()))
+        fresh = _freshness(app, conn)
     tasks = registered_tasks(app)
     if as_json:
-        output.echo_json({**found.as_json(), "paused": paused, "tasks": tasks})
+        payload = {**found.as_json(), "paused": paused, "tasks": tasks}
+        output.echo_json({**payload, "freshness": [output.freshness_row(f) for f in fresh]})
         return
     where = tables.table("*").as_string()
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
-    parts = [output.locks_text(found.locks), output.beat_text(found.beat)]
+    parts = [output.freshness_text(fresh)] if fresh else []  # overdue entries first
+    parts += [output.locks_text(found.locks), output.beat_text(found.beat)]
     parts += [output.pauses_text(paused)] if paused else []
     parts += [output.running_text(found.running), output.skips_text(found.skips)]
     parts += [output.tasks_text(tasks)]
     click.echo("\n\n".join(parts))
+
+
+def _freshness(app: Celery, conn: Connection) -> list[Freshness]:
+    """Entries with ``pglock_overdue_after``, overdue first; none without a PgLockScheduler."""
+    try:
+        schedule = Schedule(app)
+    except Refused:
+        return []
+    settings = BeatSettings.from_app(app)
+    return entries_freshness(conn, settings, schedule.entries.values(), schedule.lock_name)
 
 
 def _one_lock_status(

@@ -286,3 +286,32 @@ def _run_summary(run: Row | None) -> str:
     attempts = f", {run['attempts']} attempt(s)" if run["attempts"] else ""
     task = f", task {run['task_id']}" if run["task_id"] else ""
     return f"{run['state']}{attempts}{token}{task}{where}{timing}"
+
+
+def freshness_row(fresh: Any) -> Row:
+    """One entry's freshness (``beat.freshness.Freshness``) as JSON-ready data."""
+    return {
+        "entry": fresh.entry,
+        "overdue_after": fresh.overdue_after,
+        "overdue_seconds": fresh.overdue_by,
+        "first_pending": fresh.first_pending,
+        "last_success": fresh.last_success,
+        "last_success_at": fresh.last_success_at,
+        "last_due": fresh.last_due,
+    }
+
+
+def freshness_text(found: list[Any]) -> str:
+    headers = ("ENTRY", "OVERDUE BY", "NOT SUCCEEDED SINCE", "LAST SUCCESS", "LAST DUE")
+    rows = [
+        (
+            f.entry,
+            duration(f.overdue_by) if f.overdue_by is not None else "no",
+            f.first_pending,
+            when(f.last_success_at),
+            f.last_due,
+        )
+        for f in found
+    ]
+    late = sum(1 for f in found if f.overdue_by is not None)
+    return section(f"FRESHNESS ({late} overdue of {len(found)} watched)", headers, rows)

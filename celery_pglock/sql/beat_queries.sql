@@ -65,3 +65,29 @@ RETURNING s.entry, s.slot;
 
 -- name: beat_state
 SELECT entry, last_slot, last_run_at, total_run_count FROM {beat} WHERE namespace = %(namespace)s;
+
+-- name: beat_freshness
+-- Per watched entry (and its lock name): its newest succeeded time slot, when that run
+-- finished, and the oldest slot sent since then that has not succeeded (paused slots
+-- aside: a pause is on purpose). Time slots sort as text (slot_pattern).
+WITH watched AS (
+    SELECT * FROM unnest(%(entries)s::text[], %(lock_names)s::text[]) AS w(entry, lock_name)
+), ok AS (
+    SELECT w.entry, w.lock_name,
+           (SELECT r.slot FROM {runs} r
+             WHERE r.lock_name = w.lock_name AND r.state = 'succeeded'
+               AND r.slot ~ %(slot_pattern)s::text
+             ORDER BY r.slot DESC LIMIT 1) AS last_success
+      FROM watched w
+)
+SELECT ok.entry, ok.last_success,
+       (SELECT r.finished_at FROM {runs} r
+         WHERE r.lock_name = ok.lock_name AND r.slot = ok.last_success) AS last_success_at,
+       (SELECT min(s.slot) FROM {beat_sends} s
+         WHERE s.namespace = %(namespace)s AND s.entry = ok.entry AND NOT s.paused
+           AND s.slot > coalesce(ok.last_success, '') AND s.slot ~ %(slot_pattern)s::text
+           AND NOT EXISTS (SELECT 1 FROM {runs} r WHERE r.lock_name = ok.lock_name
+                            AND r.slot = s.slot AND r.state = 'succeeded')) AS first_pending,
+       (SELECT max(s.slot) FROM {beat_sends} s
+         WHERE s.namespace = %(namespace)s AND s.entry = ok.entry) AS last_due
+  FROM ok;

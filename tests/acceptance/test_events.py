@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -367,6 +368,29 @@ signals.worker_init.send(sender=Worker(app))
 assert metrics._installed is not None, "not installed with pglock_metrics = True"
 print("ok")
 """
+
+
+def test_metrics_show_each_watched_entry_s_freshness() -> None:
+    """The beat leader's look at an entry with pglock_overdue_after sets its two gauges."""
+    pytest.importorskip("prometheus_client")
+    from celery_pglock import metrics  # noqa: PLC0415 - installed on demand
+
+    metrics.install()
+    done_at = datetime(2026, 12, 1, 2, 0, 5, tzinfo=timezone.utc)
+
+    stamp = "pglock_entry_last_success_timestamp_seconds"
+
+    signals.entry_freshness.send(
+        sender=None, entry="nightly", last_success_at=done_at, overdue=True
+    )
+    late = (sample("pglock_entry_overdue", entry="nightly"), sample(stamp, entry="nightly"))
+    signals.entry_freshness.send(sender=None, entry="nightly", last_success_at=None, overdue=False)
+
+    assert (1.0, done_at.timestamp()) == late
+    assert (0.0, done_at.timestamp()) == (
+        sample("pglock_entry_overdue", entry="nightly"),
+        sample(stamp, entry="nightly"),
+    )
 
 
 def test_metrics_cost_nothing_unless_enabled() -> None:

@@ -14,7 +14,9 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
 - ``TEST_AUTO_MIGRATE`` ("0" = ``pglock_auto_migrate = False``). With a ``db+…`` result
   backend, its tables live in ``TEST_SCHEMA`` too;
 - ``TEST_BEAT_CATCH_UP``, ``TEST_BEAT_CATCH_UP_LIMIT`` (``pglock_beat_catch_up`` and its
-  limit).
+  limit);
+- ``TEST_OVERDUE_AFTER`` (``pglock_overdue_after``); with ``TEST_RECORD_OVERDUE`` ("1") a
+  beat records each ``task_overdue`` signal in ``<schema>.overdue``.
 
 Every task body records its execution in ``<schema>.executions`` (what ran, with which
 slot and fencing token, in which process), which is what the tests assert on. The
@@ -33,7 +35,7 @@ import psycopg
 from celery import Celery
 from psycopg import sql
 
-from celery_pglock import LockLost, PgLockTask, fence
+from celery_pglock import LockLost, PgLockTask, fence, signals
 
 ENV = os.environ
 SCHEMA = ENV.get("TEST_SCHEMA", "public")
@@ -68,6 +70,8 @@ if ENV.get("TEST_BEAT_CATCH_UP"):
     app.conf.pglock_beat_catch_up = ENV["TEST_BEAT_CATCH_UP"]
 if ENV.get("TEST_BEAT_CATCH_UP_LIMIT"):
     app.conf.pglock_beat_catch_up_limit = int(ENV["TEST_BEAT_CATCH_UP_LIMIT"])
+if ENV.get("TEST_OVERDUE_AFTER"):
+    app.conf.pglock_overdue_after = float(ENV["TEST_OVERDUE_AFTER"])
 if (ENV.get("TEST_RESULT_BACKEND") or "").startswith("db+"):
     # The database result backend keeps its tables in the test's schema, dropped with it.
     app.conf.database_table_schemas = {"task": SCHEMA, "group": SCHEMA}
@@ -186,6 +190,29 @@ def scheduled_only(self: Any, seconds: float = 0.0, marker: str | None = None) -
 def tick(self: Any) -> None:
     """The beat entry's task."""
     finish(record(self))
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.always_fails")
+def always_fails(self: Any) -> None:
+    """A beat entry's task that fails every time (its entry goes overdue)."""
+    finish(record(self))
+    raise RuntimeError("asked to fail, every time")
+
+
+OVERDUE_SQL = """
+CREATE TABLE IF NOT EXISTS {overdue} (
+    entry text, slot text, overdue_seconds float8, at timestamptz DEFAULT clock_timestamp()
+)"""
+
+
+if ENV.get("TEST_RECORD_OVERDUE") == "1":
+
+    @signals.task_overdue.connect(weak=False)
+    def record_overdue(entry: str, slot: str, overdue_seconds: float, **_: Any) -> None:
+        """Note each ``task_overdue`` signal, and when it fired."""
+        query = sql.SQL("INSERT INTO {} (entry, slot, overdue_seconds) VALUES (%s, %s, %s)")
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            conn.execute(query.format(table("overdue")), (entry, slot, overdue_seconds))
 
 
 @app.task(bind=True, base=PgLockTask, name="testapp.slow_tick")

@@ -32,6 +32,7 @@ PUBLIC_NAMES = [
     "lock_lost",
     "migration_sql",
     "run_once",
+    "task_overdue",
     "task_skipped",
 ]
 

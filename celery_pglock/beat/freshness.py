@@ -1,0 +1,162 @@
+"""Freshness: know when a periodic job did not run (``pglock_overdue_after``).
+
+The beat leader looks at the ledger every second: for each entry with a deadline,
+its newest succeeded slot and the oldest slot sent since then that has not succeeded.
+That slot is *overdue* once it fell due more than the deadline ago: the leader fires
+``task_overdue``, logs one WARNING (``action`` ``pglock_entry_overdue``), once per slot,
+and publishes ``entry_freshness`` for the metrics on every look. No extra process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from celery_pglock import signals, slots
+from celery_pglock.beat.settings import BeatSettings
+
+logger = logging.getLogger("celery_pglock.beat")
+
+RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
+CHECK_EVERY = 1.0  # seconds between two looks: an alert within a tick of its deadline
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """One entry as the ledger shows it now."""
+
+    entry: str
+    overdue_after: float
+    last_success: str | None  # slot
+    last_success_at: datetime | None
+    first_pending: str | None  # the oldest slot sent since then that did not succeed
+    last_due: str | None  # the newest slot sent
+    now: datetime
+
+    @property
+    def pending_for(self) -> float | None:
+        """Seconds since the oldest slot that has not succeeded fell due."""
+        if self.first_pending is None:
+            return None
+        return (self.now - slots.parse_slot(self.first_pending)).total_seconds()
+
+    @property
+    def overdue_by(self) -> float | None:
+        """Seconds past the deadline, when overdue; None when not."""
+        waited = self.pending_for
+        if waited is None or waited <= self.overdue_after:
+            return None
+        return waited - self.overdue_after
+
+
+def evaluate(
+    rows: Iterable[tuple[Any, ...]], deadlines: dict[str, float], now: datetime
+) -> list[Freshness]:
+    """``beat_freshness`` rows as ``Freshness``, overdue entries first."""
+    found = [
+        Freshness(entry, deadlines[entry], ok, ok_at, pending, due, now)
+        for entry, ok, ok_at, pending, due in rows
+        if entry in deadlines
+    ]
+    return sorted(found, key=lambda f: (f.overdue_by is None, -(f.overdue_by or 0), f.entry))
+
+
+def freshness_query(
+    settings: BeatSettings, deadlines: dict[str, float], lock_names: dict[str, str]
+) -> dict[str, Any]:
+    """The parameters of ``beat_freshness`` for these entries."""
+    names = sorted(deadlines)
+    return {
+        "namespace": settings.namespace,
+        "entries": names,
+        "lock_names": [lock_names[name] for name in names],
+        "slot_pattern": slots.SLOT_PATTERN,
+    }
+
+
+class FreshnessWatch:
+    """The beat leader's look at the ledger, every ``CHECK_EVERY`` seconds."""
+
+    def __init__(self, settings: BeatSettings, run_query: RunQuery, sender: Any) -> None:
+        self.settings = settings
+        self._run_query = run_query
+        self._sender = sender
+        self._next = 0.0
+        self._told: set[tuple[str, str]] = set()  # (entry, slot) already reported overdue
+
+    def maybe_check(
+        self, entries: Iterable[Any], lock_name: Callable[[Any], str], now: datetime
+    ) -> None:
+        clock = time.monotonic()
+        if clock < self._next:
+            return
+        self._next = clock + CHECK_EVERY
+        watched = {e.name: e for e in entries if self.settings.entry_overdue_after(e)}
+        if not watched:
+            return
+        deadlines = {
+            name: self.settings.entry_overdue_after(e) or 0.0 for name, e in watched.items()
+        }
+        names = {name: lock_name(e) for name, e in watched.items()}
+        params = freshness_query(self.settings, deadlines, names)
+        for fresh in evaluate(self._run_query("beat_freshness", params), deadlines, now):
+            self._publish(fresh)
+
+    def _publish(self, fresh: Freshness) -> None:
+        overdue = fresh.overdue_by is not None
+        signals.entry_freshness.send(
+            sender=self._sender,
+            entry=fresh.entry,
+            last_success_at=fresh.last_success_at,
+            overdue=overdue,
+        )
+        if not overdue or fresh.first_pending is None:
+            return
+        key = (fresh.entry, fresh.first_pending)
+        if key in self._told:
+            return
+        self._told.add(key)
+        self._report(fresh)
+
+    def _report(self, fresh: Freshness) -> None:
+        logger.warning(
+            "beat entry %r is overdue: slot %s fell due %.0f s ago and has not succeeded "
+            "(pglock_overdue_after %.0f s; last success: %s)",
+            fresh.entry,
+            fresh.first_pending,
+            fresh.pending_for or 0.0,
+            fresh.overdue_after,
+            fresh.last_success or "none",
+            extra={
+                "action": "pglock_entry_overdue",
+                "entry": fresh.entry,
+                "slot": fresh.first_pending,
+                "overdue_seconds": round(fresh.overdue_by or 0.0, 1),
+            },
+        )
+        signals.task_overdue.send(
+            sender=self._sender,
+            entry=fresh.entry,
+            slot=fresh.first_pending,
+            overdue_seconds=fresh.overdue_by,
+            last_success=fresh.last_success,
+            last_success_at=fresh.last_success_at,
+        )
+
+
+def entries_freshness(
+    conn: Any, settings: BeatSettings, entries: Iterable[Any], lock_name: Callable[[Any], str]
+) -> list[Freshness]:
+    """Every entry with a deadline, as the ledger shows it now (``celery pglock status``)."""
+    deadlines = {e.name: d for e in entries if (d := settings.entry_overdue_after(e))}
+    if not deadlines:
+        return []
+    by_name = {e.name: e for e in entries}
+    names = {name: lock_name(by_name[name]) for name in deadlines}
+    query = settings.connection.tables.query("beat_freshness")
+    rows = conn.execute(query, freshness_query(settings, deadlines, names)).fetchall()
+    return evaluate(rows, deadlines, datetime.now(timezone.utc))
