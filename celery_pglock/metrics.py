@@ -55,6 +55,7 @@ class Metrics:
     leader_changes: Counter
     last_success: Gauge
     overdue: Gauge
+    rogue: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -105,6 +106,12 @@ class Metrics:
                 ["entry"],
                 registry=reg,
             ),
+            rogue=prom.Counter(
+                "pglock_rogue_messages",
+                "Messages without a slot of a task a PgLockScheduler sends (a stock beat?).",
+                ["task"],
+                registry=reg,
+            ),
             overdue=prom.Gauge(
                 "pglock_entry_overdue",
                 "1 while a beat entry has a slot not succeeded past pglock_overdue_after.",
@@ -129,6 +136,7 @@ class _Recorder:
         signals.lock_lost.connect(self.on_lock_lost, weak=False)
         signals.beat_leader_changed.connect(self.on_leader_changed, weak=False)
         signals.entry_freshness.connect(self.on_entry_freshness, weak=False)
+        signals.rogue_message.connect(self.on_rogue_message, weak=False)
 
     def on_task_prerun(self, sender: Any = None, **_: Any) -> None:
         self.local.started = time.perf_counter()
@@ -159,6 +167,9 @@ class _Recorder:
     def on_leader_changed(self, sender: Any = None, leader: bool = False, **_: Any) -> None:
         self.metrics.leader.set(1 if leader else 0)
         self.metrics.leader_changes.labels(change="elected" if leader else "stepped_down").inc()
+
+    def on_rogue_message(self, sender: Any = None, **_: Any) -> None:
+        self.metrics.rogue.labels(task=_task_name(sender)).inc()
 
     def on_entry_freshness(
         self, entry: str = "", last_success_at: Any = None, overdue: bool = False, **_: Any

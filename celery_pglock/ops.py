@@ -169,6 +169,7 @@ class Status:
     beat: Row
     running: list[Row]
     skips: list[Row]
+    rogue: list[Row]  # slot-less messages of scheduled tasks, last day (a stock beat?)
 
     def as_json(self) -> Row:
         payload: Row = jsonable(
@@ -180,6 +181,7 @@ class Status:
                 "beat": self.beat,
                 "running": self.running,
                 "skips": self.skips,
+                "rogue_sends": self.rogue,
             }
         )
         return payload
@@ -204,6 +206,7 @@ def status(
         beat=beat_view(found, namespace),
         running=running(conn, tables),
         skips=recent_skips(conn, tables, skips) if skips > 0 else [],
+        rogue=fetch(conn, tables.query("ops_rogue_sends"), {"namespace": namespace}),
     )
 
 

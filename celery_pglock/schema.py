@@ -25,6 +25,8 @@ TABLES = (
     "beat_sends",
     "pauses",
     "audit",
+    "beat_tasks",
+    "rogue_sends",
     "schema_version",
 )
 # Indexes and constraints: the prefix and the name, unqualified (they live in their table's

@@ -10,6 +10,8 @@
   ``pglock_overdue_after`` seconds after it fell due; once per slot.
 - ``entry_freshness(sender=scheduler, entry, last_success_at, overdue)``: the leader's
   every look at an entry with ``pglock_overdue_after`` (the metrics listen to it).
+- ``rogue_message(sender=task, origin)``: a message without a slot for a task that a
+  PgLockScheduler sends (a stock ``celery beat`` still running?); each one.
 """
 
 from __future__ import annotations
@@ -22,3 +24,4 @@ lock_lost = Signal(name="pglock_lock_lost")
 beat_leader_changed = Signal(name="pglock_beat_leader_changed")
 task_overdue = Signal(name="pglock_task_overdue")
 entry_freshness = Signal(name="pglock_entry_freshness")
+rogue_message = Signal(name="pglock_rogue_message")

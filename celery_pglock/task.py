@@ -18,7 +18,7 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import names, signals
+from celery_pglock import names, rogue, signals
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting
 from celery_pglock.db import (
     Database,
@@ -148,6 +148,8 @@ class PgLockMixin:
             return self._pglock_body(args, kwargs)
         options = self.pglock_options()
         slot = self._pglock_slot(options, args, kwargs)
+        if slot is None:
+            self._pglock_slotless(options)
         if slot is None and options.scheduled_only:
             return self._pglock_body(args, kwargs)
         name = names.lock_name(self.name, options, args, kwargs)
@@ -251,6 +253,12 @@ class PgLockMixin:
         claim = Claim(name, lock_key(name), slot, self.request.id, self.name)
         return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
 
+    def _pglock_slotless(self, options: TaskOptions) -> None:
+        """A message without a slot: a stock beat still sending this task? (``rogue``)"""
+        if not self.request.called_directly and not self.request.is_eager:
+            db = database(app_settings(self.app), keep_connections=serving_tasks())
+            rogue.watch.slotless(self, options.namespace, db)
+
     def _pglock_header(self, name: str) -> Any:
         return headers_of(self.request).get(name) or getattr(self.request, name, None)
 
@@ -286,10 +294,14 @@ class PgLockMixin:
         **options: Any,
     ) -> Any:
         """Celery's ``apply_async``, plus ``pglock_slot=``: the message's slot (sent as the
-        ``pglock_slot`` header). With ``pglock_check_on_enqueue``, a slotted message whose
-        slot already succeeded or is running is not published (state ``SKIPPED``)."""
+        ``pglock_slot`` header), and ``pglock_adhoc=True``: a deliberate call without a slot
+        of a task a beat entry sends (not reported as a stock beat's). With
+        ``pglock_check_on_enqueue``, a slotted message whose slot already succeeded or is
+        running is not published (state ``SKIPPED``)."""
         if "pglock_slot" in options:
             options["headers"] = self._pglock_slot_header(options.pop("pglock_slot"), options)
+        if options.pop(rogue.ADHOC_HEADER, False):  # a deliberate call without a slot
+            options["headers"] = {**as_headers(options.get("headers")), rogue.ADHOC_HEADER: True}
         retry = bool(options.get("retries"))  # self.retry() of a running execution
         if retry and self._pglock_defer_retry(args, kwargs, task_id, rest, options):
             return self.AsyncResult(task_id)

@@ -44,6 +44,7 @@ logger = logging.getLogger("celery_pglock.beat")
 STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
 RESEND_CHECK_EVERY = 5.0
 ORPHAN_SWEEP_EVERY = 10.0  # seconds between two looks for rows a dead attempt left running
+REGISTER_EVERY = 60.0  # seconds between two refreshes of the tasks our entries send
 
 
 class EntryWithHeaders:
@@ -84,6 +85,7 @@ class PgLockSchedulerMixin:
         self._leading = False
         self._next_resend_check = 0.0
         self._next_sweep = 0.0
+        self._next_register = 0.0
         self._outage = False
         self._pruner = AutoPrune.from_conf(
             app.conf, self.pglock_settings, self.pglock_beat.namespace
@@ -126,12 +128,14 @@ class PgLockSchedulerMixin:
             # From the last slots sent as stored, not from this replica's memory.
             self._planner.take_over(self.pglock_claims.last_slots_sent())
             self._leading = True
+            self._next_register = 0.0  # a new leader says at once what it sends
         due = self._planner.due(list(self.schedule.values()), now, self._lock_name)
         if due:
             self._send(due)
         self._resend_unconfirmed()
         self._sweep_orphans()
         self._freshness.maybe_check(self.schedule.values(), self._lock_name, now)
+        self._register_tasks()
         self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
 
     def _start_election(self) -> None:
@@ -246,6 +250,19 @@ class PgLockSchedulerMixin:
         if now >= self._next_sweep:
             self._next_sweep = now + ORPHAN_SWEEP_EVERY
             self.pglock_claims.sweep_orphans()
+
+    def _register_tasks(self) -> None:
+        """Say which tasks our entries send, so that workers can tell a stock beat's
+        slot-less messages of them (``rogue``)."""
+        now = time.monotonic()
+        if now < self._next_register:
+            return
+        self._next_register = now + REGISTER_EVERY
+        entries = [e for e in self.schedule.values() if not e.task.startswith("celery.")]
+        if entries:
+            tasks, names = [e.task for e in entries], [e.name for e in entries]
+            params = {"namespace": self.pglock_beat.namespace, "tasks": tasks, "entries": names}
+            self._run_query("beat_register_tasks", params)
 
     def _resend_unconfirmed(self) -> None:
         """Re-send claims whose sender died between claim and publish."""

@@ -315,3 +315,13 @@ def freshness_text(found: list[Any]) -> str:
     ]
     late = sum(1 for f in found if f.overdue_by is not None)
     return section(f"FRESHNESS ({late} overdue of {len(found)} watched)", headers, rows)
+
+
+def rogue_text(rogue: list[Row]) -> str:
+    headers = ("TASK", "SENDER", "FIRST SEEN", "LAST SEEN", "HOURS REPORTED")
+    rows = [
+        (r["task_name"], r["origin"], when(r["first_at"]), when(r["last_at"]), r["reports"])
+        for r in rogue
+    ]
+    title = "SLOT-LESS MESSAGES OF SCHEDULED TASKS: a stock `celery beat` still running?"
+    return section(f"{title} ({len(rogue)})", headers, rows)

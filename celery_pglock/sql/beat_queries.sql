@@ -91,3 +91,12 @@ SELECT ok.entry, ok.last_success,
        (SELECT max(s.slot) FROM {beat_sends} s
          WHERE s.namespace = %(namespace)s AND s.entry = ok.entry) AS last_due
   FROM ok;
+
+-- name: beat_register_tasks
+-- The leader's entries, by task (rogue-scheduler warning): refreshed every minute, so a
+-- worker can tell an active PgLockScheduler from a stale row.
+INSERT INTO {beat_tasks} AS t (namespace, task_name, entry)
+SELECT %(namespace)s, task_name, min(entry)
+  FROM unnest(%(tasks)s::text[], %(entries)s::text[]) AS w(task_name, entry)
+ GROUP BY task_name
+ON CONFLICT (namespace, task_name) DO UPDATE SET entry = EXCLUDED.entry, seen_at = now();

@@ -168,3 +168,8 @@ DELETE FROM {holders} AS h
          LIMIT %(batch)s
            FOR UPDATE OF o SKIP LOCKED) AS old
  WHERE h.lock_key = old.lock_key;
+
+-- name: ops_rogue_sends
+SELECT task_name, origin, first_at, last_at, reports FROM {rogue_sends}
+ WHERE namespace = %(namespace)s AND last_at > now() - interval '1 day'
+ ORDER BY last_at DESC;

@@ -306,3 +306,14 @@ RETURNING token;
 
 -- name: fence_newest
 SELECT token FROM {fences} WHERE resource = %(resource)s;
+
+-- name: scheduled_tasks
+-- The tasks an active PgLockScheduler leader's entries send (refreshed by it every minute).
+SELECT task_name FROM {beat_tasks}
+ WHERE namespace = %(namespace)s AND seen_at > now() - make_interval(secs => %(fresh)s);
+
+-- name: record_rogue_send
+INSERT INTO {rogue_sends} AS r (namespace, task_name, origin)
+VALUES (%(namespace)s, %(task_name)s, %(origin)s)
+ON CONFLICT (namespace, task_name, origin) DO UPDATE
+    SET last_at = now(), reports = r.reports + 1;

@@ -393,6 +393,20 @@ def test_metrics_show_each_watched_entry_s_freshness() -> None:
     )
 
 
+def test_metrics_count_the_slot_less_messages_of_scheduled_tasks() -> None:
+    """Each message a stock beat sends for a task a PgLockScheduler sends is counted."""
+    pytest.importorskip("prometheus_client")
+    from celery_pglock import metrics  # noqa: PLC0415 - installed on demand
+
+    metrics.install()
+    task = testapp.app.tasks["testapp.tick"]
+    before = sample("pglock_rogue_messages_total", task="testapp.tick")
+
+    signals.rogue_message.send(sender=task, origin="gen1@stock-beat-host")
+
+    assert before + 1 == sample("pglock_rogue_messages_total", task="testapp.tick")
+
+
 def test_metrics_cost_nothing_unless_enabled() -> None:
     """With pglock_metrics off, worker start connects nothing and imports no prometheus."""
     pytest.importorskip("prometheus_client")

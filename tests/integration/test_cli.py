@@ -39,6 +39,7 @@ UNREACHABLE_DSN = f"postgresql://app:{PASSWORD}@127.0.0.1:1/app"
 TASK = "cli.job"
 
 STATUS_KEYS = {"namespace", "schema", "table_prefix", "locks", "beat", "running", "skips"}
+STATUS_KEYS |= {"rogue_sends"}
 STATUS_KEYS |= {"freshness", "paused", "tasks"}
 LOCK_KEYS = {"lock", "key", "holder", "waiters"}
 HOLDER_KEYS = {"host", "pid", "task_id", "scope", "slot", "token", "since", "backend_pid"}

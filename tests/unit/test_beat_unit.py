@@ -91,7 +91,7 @@ class Store:
             for entry, slot in zip(params["entries"], params["slots"], strict=True):
                 self.last[entry] = max(slot, self.last.get(entry, ""))
             return []
-        if name in ("beat_unsent", "abandon_orphans"):
+        if name in ("beat_unsent", "abandon_orphans", "beat_register_tasks"):
             return []  # nothing to re-send, no row a dead attempt left running
         raise AssertionError(f"unexpected query {name}")
 
