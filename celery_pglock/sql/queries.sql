@@ -192,7 +192,10 @@ WITH released AS (
     SELECT state, token, task_id, host, pid, started_at, finished_at
       FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(slot)s
 ), holder AS (
-    SELECT l.pid AS backend_pid, a.application_name, a.xact_start,
+    -- since: a holder whose statement committed after our snapshot was taken has a row
+    -- we cannot see, and no transaction any more: it went idle when it took the lock.
+    SELECT l.pid AS backend_pid, a.application_name,
+           coalesce(a.xact_start, a.state_change) AS xact_start,
            h.task_id, h.host, h.pid, h.since, h.token, h.slot
       FROM pg_locks l
       JOIN pg_stat_activity a ON a.pid = l.pid
