@@ -91,6 +91,9 @@ def _freshness(app: Celery, conn: Connection) -> list[Freshness]:
         schedule = Schedule(app)
     except Refused:
         return []
+    except Exception as exc:  # noqa: BLE001 - an optional section never costs the status
+        click.echo(f"(freshness not shown: the beat schedule did not load: {exc})", err=True)
+        return []
     settings = BeatSettings.from_app(app)
     return entries_freshness(conn, settings, schedule.entries.values(), schedule.lock_name)
 

@@ -4,6 +4,8 @@ who acts, and sending an entry's slot by name (waiting for its outcome)."""
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,7 @@ class Schedule:
     """The app's beat entries, loaded as its beat scheduler loads them."""
 
     def __init__(self, app: Celery) -> None:
+        setup_django()  # a django-celery-beat scheduler imports models
         cls = symbol_by_name(app.conf.beat_scheduler)
         if not (isinstance(cls, type) and issubclass(cls, PgLockSchedulerMixin)):
             raise Refused(
@@ -56,6 +59,18 @@ class Schedule:
 
     def lock_name(self, entry: Any) -> str:
         return str(self.scheduler._lock_name(entry))
+
+
+def setup_django() -> None:
+    """In a Django project, load its apps as ``celery worker`` and ``celery beat`` do (their
+    Django fixup): a command line gets no such step, and django-celery-beat's models need it."""
+    if not os.environ.get("DJANGO_SETTINGS_MODULE") or "django" not in sys.modules:
+        return
+    import django  # noqa: PLC0415 - only in a Django project
+    from django.apps import apps  # noqa: PLC0415
+
+    if not apps.ready:
+        django.setup()
 
 
 def target(app: Celery, by: str | None) -> controls.Target:
