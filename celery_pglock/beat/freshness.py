@@ -95,15 +95,7 @@ class FreshnessWatch:
         if clock < self._next:
             return
         self._next = clock + CHECK_EVERY
-        watched = {e.name: e for e in entries if self.settings.entry_overdue_after(e)}
-        if not watched:
-            return
-        deadlines = {
-            name: self.settings.entry_overdue_after(e) or 0.0 for name, e in watched.items()
-        }
-        names = {name: lock_name(e) for name, e in watched.items()}
-        params = freshness_query(self.settings, deadlines, names)
-        for fresh in evaluate(self._run_query("beat_freshness", params), deadlines, now):
+        for fresh in look(self.settings, entries, lock_name, self._run_query, now):
             self._publish(fresh)
 
     def _publish(self, fresh: Freshness) -> None:
@@ -148,15 +140,30 @@ class FreshnessWatch:
         )
 
 
+def look(
+    settings: BeatSettings,
+    entries: Iterable[Any],
+    lock_name: Callable[[Any], str],
+    run_query: RunQuery,
+    now: datetime,
+) -> list[Freshness]:
+    """Every entry with a deadline, as the ledger shows it at ``now``, overdue first."""
+    watched = list(entries)
+    deadlines = {e.name: d for e in watched if (d := settings.entry_overdue_after(e))}
+    if not deadlines:
+        return []
+    names = {e.name: lock_name(e) for e in watched if e.name in deadlines}
+    rows = run_query("beat_freshness", freshness_query(settings, deadlines, names))
+    return evaluate(rows, deadlines, now)
+
+
 def entries_freshness(
     conn: Any, settings: BeatSettings, entries: Iterable[Any], lock_name: Callable[[Any], str]
 ) -> list[Freshness]:
-    """Every entry with a deadline, as the ledger shows it now (``celery pglock status``)."""
-    deadlines = {e.name: d for e in entries if (d := settings.entry_overdue_after(e))}
-    if not deadlines:
-        return []
-    by_name = {e.name: e for e in entries}
-    names = {name: lock_name(by_name[name]) for name in deadlines}
-    query = settings.connection.tables.query("beat_freshness")
-    rows = conn.execute(query, freshness_query(settings, deadlines, names)).fetchall()
-    return evaluate(rows, deadlines, datetime.now(timezone.utc))
+    """``look`` on ``conn``, now (``celery pglock status``)."""
+    tables = settings.connection.tables
+
+    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return list(conn.execute(tables.query(name), params).fetchall())
+
+    return look(settings, entries, lock_name, run, datetime.now(timezone.utc))
