@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -42,8 +43,9 @@ class RogueWatch:
         self._reported: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def slotless(self, task: Any, namespace: str, db: Database) -> None:
-        """A message of ``task`` arrived without a slot: flag it if a scheduler sends it."""
+    def slotless(self, task: Any, namespace: str, db: Callable[[], Database]) -> None:
+        """A message of ``task`` arrived without a slot: flag it if a scheduler sends it.
+        ``db`` gives the process's ``Database``, asked for only when a look-up is due."""
         if adhoc(task.request) or task.name not in self._tasks(db, namespace):
             return
         origin = str(getattr(task.request, "origin", None) or "unknown sender")
@@ -53,16 +55,18 @@ class RogueWatch:
             if now < self._reported.get(task.name, -REPORT_EVERY) + REPORT_EVERY:
                 return
             self._reported[task.name] = now
-        self._report(task.name, namespace, origin, db)
+        self._report(task.name, namespace, origin, db())
 
-    def _tasks(self, db: Database, namespace: str) -> frozenset[str]:
+    def _tasks(self, db: Callable[[], Database], namespace: str) -> frozenset[str]:
         now = time.monotonic()
         if now >= self._next_refresh:
             self._next_refresh = now + REFRESH_EVERY
             params = {"namespace": namespace, "fresh": LEADER_FRESH}
             try:
-                with db.connection() as conn:
-                    rows = conn.execute(db.tables.query("scheduled_tasks"), params).fetchall()
+                process_db = db()
+                with process_db.connection() as conn:
+                    query = process_db.tables.query("scheduled_tasks")
+                    rows = conn.execute(query, params).fetchall()
                 self._scheduled = frozenset(row[0] for row in rows)
             except (psycopg.Error, DatabaseUnavailable):  # keep what we knew; never fail a run
                 pass

@@ -170,7 +170,7 @@ class PgLockMixin:
             max_lateness=options.max_lateness,
         )
         try:
-            db = database(app_settings(self.app), keep_connections=serving_tasks())
+            db = self._pglock_database()
             outcome = acquire(db, claim, options.scope, options.lease)
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
@@ -253,11 +253,14 @@ class PgLockMixin:
         claim = Claim(name, lock_key(name), slot, self.request.id, self.name)
         return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
 
+    def _pglock_database(self) -> Database:
+        """This process's ``Database`` for the app (pooled in a worker, see ``serve_tasks``)."""
+        return database(app_settings(self.app), keep_connections=serving_tasks())
+
     def _pglock_slotless(self, options: TaskOptions) -> None:
         """A message without a slot: a stock beat still sending this task? (``rogue``)"""
         if not self.request.called_directly and not self.request.is_eager:
-            db = database(app_settings(self.app), keep_connections=serving_tasks())
-            rogue.watch.slotless(self, options.namespace, db)
+            rogue.watch.slotless(self, options.namespace, self._pglock_database)
 
     def _pglock_header(self, name: str) -> Any:
         return headers_of(self.request).get(name) or getattr(self.request, name, None)
