@@ -110,12 +110,15 @@ class StreamingReplica(EmbeddedPostgres):
     # -- polling ---------------------------------------------------------------------------
 
     def _streaming(self, _: psycopg.Connection[Any]) -> bool:
-        with psycopg.connect(self.primary.dsn, autocommit=True) as conn:
-            return bool(_scalar(conn, _STREAMING_SQL, self.name))
+        return self._primary_says(_STREAMING_SQL)
 
     def _synchronous(self, _: psycopg.Connection[Any]) -> bool:
+        return self._primary_says(_SYNC_SQL)
+
+    def _primary_says(self, query: str) -> bool:
+        """What ``pg_stat_replication`` on the primary says of this replica."""
         with psycopg.connect(self.primary.dsn, autocommit=True) as conn:
-            return bool(_scalar(conn, _SYNC_SQL, self.name))
+            return bool(_scalar(conn, query, self.name))
 
     def _wait(self, done: Any, what: str) -> None:
         deadline = time.monotonic() + _WAIT
