@@ -375,6 +375,17 @@ def stop_together(procs: Procs) -> None:
     procs.stop_all()  # SIGKILLs what is left, and their children
 
 
+@contextlib.contextmanager
+def prepared_schema(dsn: str, prefix: str) -> Iterator[str]:
+    """A new schema ``<prefix>_<random>`` prepared as ``prepare_schema`` does; dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    prepare_schema(dsn, name)
+    try:
+        yield name
+    finally:
+        drop_schema(dsn, name)
+
+
 def prepare_schema(dsn: str, schema: str) -> None:
     """Create the schema with our tables and the ``executions`` table."""
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -93,16 +93,21 @@ def controls_lab(
         TEST_BEAT_LEADER="0",
     )
     procs = Procs(tmp_path_factory.mktemp("controls"), cwd=ROOT)
+    yield from serving(Lab(env, pg_dsn, schema), procs, ["-c", "2"], beats=2)
+
+
+def serving(lab: Lab, procs: Procs, worker_args: list[str], *, beats: int) -> Iterator[Lab]:
+    """Start a worker and ``beats`` beat replicas on the lab's schema; yield the lab once
+    two slots ran; stop them all and drop the schema afterwards."""
     try:
-        procs.celery(APP, "worker", "-c", "2", "-l", "info", env=env, name="worker")
-        for label in ("b1", "b2"):
-            procs.celery(APP, "beat", "-l", "info", env=env, name=f"beat-{label}")
-        lab = Lab(env, pg_dsn, schema)
+        procs.celery(APP, "worker", *worker_args, "-l", "info", env=lab.env, name="worker")
+        for n in range(beats):
+            procs.celery(APP, "beat", "-l", "info", env=lab.env, name=f"beat-{n}")
         wait_until(lambda: len(lab.executed()) >= 2, timeout=DEADLINE, message="2 ticks")
         yield lab
     finally:
         procs.stop_all()
-        drop_schema(pg_dsn, schema)
+        drop_schema(lab.admin_dsn, lab.schema)
 
 
 def utcnow() -> datetime:

@@ -145,6 +145,9 @@ def test_why_tells_what_happened_to_a_slot(lab: Lab) -> None:
             ("backfill", "tick", "--from", "2026-12-01T00:00:00Z", "--to", "2026-12-01T01:00:00Z"),
             "raise --limit",
         ),
+        (("rerun", "tick", "2026-12-01T00:00:00Z"), "Missing option '--reason'"),
+        (("rerun", "tick", "2026-12-01T00:00:00Z", "--reason", " "), "must say why"),
+        (("schedule", "--entry", "tack"), "did you mean tick"),
     ],
 )
 def test_bad_input_changes_nothing_and_names_the_fix(

@@ -8,10 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.acceptance.beat_support import APP, DJANGO_SCHEDULER, migrate_django, prepare_schema
-from tests.acceptance.controls_lab import DEADLINE, ROOT, Lab, utcnow
+from tests.acceptance.beat_support import DJANGO_SCHEDULER, migrate_django, prepare_schema
+from tests.acceptance.controls_lab import DEADLINE, ROOT, Lab, serving, utcnow
 from tests.apps.harness import app_env
-from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -33,16 +32,7 @@ def django_lab(
     )
     log_dir = tmp_path_factory.mktemp("django-controls")
     migrate_django(env, log_dir)
-    procs = Procs(log_dir, cwd=ROOT)
-    try:
-        procs.celery(APP, "worker", "--pool=solo", "-l", "info", env=env, name="worker")
-        procs.celery(APP, "beat", "-l", "info", env=env, name="beat")
-        lab = Lab(env, pg_dsn, schema)
-        wait_until(lambda: len(lab.executed()) >= 2, timeout=DEADLINE, message="2 ticks")
-        yield lab
-    finally:
-        procs.stop_all()
-        drop_schema(pg_dsn, schema)
+    yield from serving(Lab(env, pg_dsn, schema), Procs(log_dir, cwd=ROOT), ["--pool=solo"], beats=1)
 
 
 def enabled(lab: Lab) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -18,10 +17,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from celery_pglock.slots import parse_slot
-from tests.acceptance.beat_support import APP, prepare_schema
+from tests.acceptance.beat_support import APP, prepared_schema
 from tests.apps import testapp
 from tests.apps.harness import app_env
-from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -32,13 +30,11 @@ DEADLINE = 60.0
 
 @pytest.fixture
 def schema(pg_dsn: str) -> Iterator[str]:
-    name = f"t_fresh_{uuid.uuid4().hex[:8]}"
-    prepare_schema(pg_dsn, name)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        overdue = sql.Identifier(name, "overdue")
-        conn.execute(sql.SQL(testapp.OVERDUE_SQL).format(overdue=overdue))
-    yield name
-    drop_schema(pg_dsn, name)
+    with prepared_schema(pg_dsn, "t_fresh") as name:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            overdue = sql.Identifier(name, "overdue")
+            conn.execute(sql.SQL(testapp.OVERDUE_SQL).format(overdue=overdue))
+        yield name
 
 
 def overdue_rows(dsn: str, schema: str) -> list[dict[str, Any]]:

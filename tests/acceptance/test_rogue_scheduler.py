@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.acceptance.beat_support import APP, prepare_schema
+from tests.acceptance.beat_support import APP, prepared_schema
 from tests.apps import testapp
 from tests.apps.harness import app_env, configure_broker_client
-from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -29,10 +27,8 @@ WARNING = "a message without a slot from"
 
 @pytest.fixture
 def schema(pg_dsn: str) -> Iterator[str]:
-    name = f"t_rogue_{uuid.uuid4().hex[:8]}"
-    prepare_schema(pg_dsn, name)
-    yield name
-    drop_schema(pg_dsn, name)
+    with prepared_schema(pg_dsn, "t_rogue") as name:
+        yield name
 
 
 def rows(dsn: str, query: str, schema: str, table: str) -> list[tuple[Any, ...]]:
