@@ -167,6 +167,12 @@ def test_the_django_walkthrough_runs_each_slot_once(
     assert len(ran) == sum(r["state"] == "succeeded" for r in runs)
     assert all(s["sends"] == 1 for s in sends)
     assert len(sends) == len({(s["entry"], s["slot"]) for s in sends})
-    assert [] == ledger(database, pg_dsn, "pglock_skips")
+    # Beat may send the first slots before the worker is ready: two of them then arrive at
+    # once and overlap, and the newer is skipped `locked` (documented). Nothing else skips.
+    first = sorted(s["slot"] for s in sends)[:2]
+    skips = [(s["slot"], s["reason"]) for s in ledger(database, pg_dsn, "pglock_skips")]
+    assert [] == [
+        (slot, reason) for slot, reason in skips if (reason, slot in first) != ("locked", True)
+    ]
     assert "mysite:mysite.heartbeat" in outputs[0]
     assert "succeeded" in outputs[1]
