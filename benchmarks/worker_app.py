@@ -167,7 +167,7 @@ class Floor:
             unwaited.send(conn, RELEASE_UNWAITED, release_params, timeout=5.0)
             self.reply_pending = True
             return
-        params["token"] = row[1]
+        params["token"] = row[2]  # acquired, key, token, ...
         release = self.tables.query(
             "release",
             unlock="pg_advisory_unlock_all()",
@@ -183,7 +183,7 @@ class Floor:
         acquire = self.tables.query("acquire", **fragments)
         row = conn.execute(acquire, params).fetchone()
         assert row is not None
-        params["token"] = row[1]
+        params["token"] = row[2]  # acquired, key, token, ...
         release = self.tables.query(
             "release", unlock="pg_advisory_unlock_all()", disarm_lease="NULL"
         )

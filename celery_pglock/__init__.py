@@ -29,7 +29,7 @@ from celery_pglock.signals import (
     task_skipped,
 )
 from celery_pglock.standalone import advisory_lock, run_once
-from celery_pglock.states import SKIPPED
+from celery_pglock.states import SKIPPED, WAITING
 from celery_pglock.task import PgLockMixin, PgLockTask
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ def migration_sql(schema: str = "public", table_prefix: str = "pglock_") -> str:
 
 __all__ = [
     "SKIPPED",
+    "WAITING",
     "ConfigurationError",
     "DatabaseUnavailable",
     "LockLost",

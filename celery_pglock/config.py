@@ -22,11 +22,14 @@ Scope = Literal["session", "transaction"]
 OnDbError = Literal["retry", "fail", "run"]
 Coalesce = Literal["all", "latest"]
 CatchUp = Literal["none", "latest", "all"]
+Overlap = Literal["skip", "buffer_one"]
 
 SCOPES: tuple[Scope, ...] = ("session", "transaction")
 ON_DB_ERROR: tuple[OnDbError, ...] = ("retry", "fail", "run")
 COALESCE: tuple[Coalesce, ...] = ("all", "latest")
 CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
+OVERLAP: tuple[Overlap, ...] = ("skip", "buffer_one")
+MAX_CONCURRENCY = 64  # advisory keys tried in turn per claim: keep the claim short
 
 #: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
 APP_DEFAULTS: Mapping[str, Any] = {
@@ -51,6 +54,8 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_coalesce": None,  # None: "latest" for messages beat sent, "all" for the others
     "pglock_max_lateness": None,
     "pglock_check_on_enqueue": False,
+    "pglock_overlap": "skip",  # "buffer_one": one slot waits for the running one
+    "pglock_concurrency": 1,  # runs of one lock name at once
     # Beat.
     "pglock_beat_leader": True,
     "pglock_beat_lease": 5.0,
@@ -77,6 +82,8 @@ TASK_OPTIONS = (
     "pglock_coalesce",
     "pglock_max_lateness",
     "pglock_check_on_enqueue",
+    "pglock_overlap",
+    "pglock_concurrency",
 )
 
 # As libpq reads a URI: user[:password] runs to the first '@' before any '/', so a
@@ -195,6 +202,8 @@ class TaskOptions:
     coalesce: Coalesce | None = None  # None: "latest" for beat-sent messages, else "all"
     max_lateness: float | None = None
     check_on_enqueue: bool = False
+    overlap: Overlap = "skip"
+    concurrency: int = 1
 
     @classmethod
     def resolve(cls, task: Any, conf: Mapping[str, Any], app_name: str | None) -> TaskOptions:
@@ -221,6 +230,8 @@ class TaskOptions:
             coalesce=_coalesce(value("pglock_coalesce"), task.name),
             max_lateness=_max_lateness(value("pglock_max_lateness"), task.name),
             check_on_enqueue=bool(value("pglock_check_on_enqueue")),
+            overlap=_overlap(value("pglock_overlap"), task.name),
+            concurrency=_concurrency(value("pglock_concurrency"), task.name),
         )
 
 
@@ -270,6 +281,24 @@ def _coalesce(policy: Any, task_name: str) -> Coalesce | None:
     raise ConfigurationError(
         f"{task_name}: pglock_coalesce must be 'all' (run every slot) or 'latest' (skip a slot "
         f"older than one that already succeeded or is running), got {policy!r}"
+    )
+
+
+def _overlap(policy: Any, task_name: str) -> Overlap:
+    if policy in OVERLAP:
+        return policy  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"{task_name}: pglock_overlap must be 'skip' (a slot that finds the lock held is "
+        f"skipped) or 'buffer_one' (the newest such slot waits and runs next), got {policy!r}"
+    )
+
+
+def _concurrency(limit: Any, task_name: str) -> int:
+    if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_CONCURRENCY:
+        return limit
+    raise ConfigurationError(
+        f"{task_name}: pglock_concurrency must be an int from 1 to {MAX_CONCURRENCY} (runs of "
+        f"one lock name at once), got {limit!r}"
     )
 
 

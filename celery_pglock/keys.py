@@ -25,6 +25,27 @@ def lock_key(name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def lock_keys(name: str, concurrency: int) -> tuple[int, ...]:
+    """The ``concurrency`` advisory keys of ``name`` (``pglock_concurrency``): its own key
+    first, so that a limit of 1 is the plain lock, then one per further run at once,
+    derived from the name and a NUL (never part of a lock name) and the run's number."""
+    return (lock_key(name), *(_derived(f"{name}\x00{i}", 8) for i in range(1, concurrency)))
+
+
+def slot_lock(name: str, slot: str) -> tuple[int, int]:
+    """The two-int advisory key of one slot of ``name`` (under ``pglock_concurrency``)."""
+    return _derived(f"{name}\x00slot\x00{slot}", 4), _derived(f"{slot}\x00{name}", 4)
+
+
+def waiting_lock(name: str) -> tuple[int, int]:
+    """The two-int advisory key under which the waiting slot of ``name`` is decided."""
+    return _derived(f"{name}\x00waiting", 4), _derived(f"waiting\x00{name}", 4)
+
+
+def _derived(text: str, size: int) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:size], "big", signed=True)
+
+
 def check_lock_name(name: object) -> str:
     """Return ``name`` if it can be stored and hashed, else raise a ``ValueError`` that says why."""
     return _checked_text(name, "a lock name", "", MAX_LOCK_NAME_BYTES)

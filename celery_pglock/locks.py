@@ -15,6 +15,7 @@ are in ``protocol``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -46,6 +47,13 @@ from celery_pglock.schema import query_texts
 logger = logging.getLogger("celery_pglock")
 
 TRY_LOCK = {"session": "pg_try_advisory_lock", "transaction": "pg_try_advisory_xact_lock"}
+# The `lock` fragment of `acquire`: whether it got a key, and which.
+LOCK_ONE = "SELECT {try_lock}(%(key)s) AS acquired, %(key)s::bigint AS key"
+# pglock_concurrency > 1: the first free one of the lock name's keys, tried in order.
+LOCK_ANY = (
+    "SELECT k IS NOT NULL AS acquired, k AS key "
+    "FROM {{try_lock_any}}(%(keys)s::bigint[], %(slot_lock)s::integer[], {xact}) AS k"
+)
 # unlock_all: the connection is this execution's alone, and a lock the body took on it
 # (even ours again: session locks are re-entrant) must not go back to the pool.
 UNLOCK = {"session": "pg_advisory_unlock_all()", "transaction": "pg_advisory_unlock_all()"}
@@ -70,11 +78,17 @@ RELEASE_UNWAITED_PRE14 = (  # no lease to disarm; $1: the pooled application_nam
 IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
-def acquire_fragments(scope: Scope, *, armed: bool, slotted: bool) -> dict[str, str]:
+def acquire_fragments(
+    scope: Scope, *, armed: bool, slotted: bool, concurrency: int = 1
+) -> dict[str, str]:
     """The fragments of the ``acquire`` query: the try-lock, the lease, the ledger claim."""
     arm = ARM_SESSION_LEASE if scope == "session" else ARM_TRANSACTION_LEASE
+    if concurrency == 1:
+        lock = LOCK_ONE.replace("{try_lock}", TRY_LOCK[scope])
+    else:
+        lock = LOCK_ANY.format(xact="true" if scope == "transaction" else "false")
     return {
-        "try_lock": TRY_LOCK[scope],
+        "lock": lock,
         "arm_lease": arm if armed else "NULL",
         "ledger": query_texts()["acquire_ledger"] if slotted else NO_LEDGER,
     }
@@ -82,7 +96,8 @@ def acquire_fragments(scope: Scope, *, armed: bool, slotted: bool) -> dict[str, 
 
 def _fragments(db: Database, scope: Scope, lease: float | None, claim: Claim) -> dict[str, str]:
     armed = lease is not None and (scope == "transaction" or db.lease_supported)
-    return acquire_fragments(scope, armed=armed, slotted=claim.slot is not None)
+    slotted = claim.slot is not None
+    return acquire_fragments(scope, armed=armed, slotted=slotted, concurrency=claim.concurrency)
 
 
 def acquire(
@@ -111,9 +126,10 @@ def acquire(
         # The holder may have just ended, its release sent unwaited and not yet read by
         # its server process: one more try, a round trip later, before skipping.
         conn, row = _execute_acquire(db, query, params, scope, conn)
-    acquired, token, attempts, newer_slot, late = row
+    acquired, key, token, attempts, newer_slot, late = row
     if acquired and (claim.slot is None or attempts is not None):
-        granted = Lease(claim, scope, conn, token, attempts, lease)
+        held = claim if key == claim.key else dataclasses.replace(claim, key=key)
+        granted = Lease(held, scope, conn, token, attempts, lease)
         if lease is not None:
             watch(granted)
         return granted

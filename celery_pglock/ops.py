@@ -32,7 +32,7 @@ from celery_pglock import migrations
 from celery_pglock.config import Settings
 from celery_pglock.db import Connection
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.keys import leader_lock_name, lock_key, split_key
+from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
 
@@ -40,7 +40,7 @@ logger = logging.getLogger("celery_pglock")
 
 Row = dict[str, Any]
 
-RUN_STATES = ("scheduled", "running", "succeeded", "failed", "skipped", "paused")
+RUN_STATES = ("scheduled", "running", "succeeded", "failed", "skipped", "paused", "waiting")
 RELEASE_WAIT = 5.0  # seconds to wait for terminated sessions to let go of the lock
 _OUR_SESSION = re.compile(r"^celery-pglock(?P<role>.*?) (?P<pid>\d+)@(?P<host>.+)$")
 _LIKE_SPECIAL = re.compile(r"([\\%_])")
@@ -130,13 +130,28 @@ def locks(conn: Connection, tables: Tables, known_names: Iterable[str] = ()) -> 
     for row in fetch(conn, tables.query("ops_locks"), params):
         entry = found.setdefault(
             row["lock_key"],
-            {"lock": row["lock_name"], "key": row["lock_key"], "holder": None, "waiters": []},
+            {
+                "lock": row["lock_name"],
+                "key": row["lock_key"],
+                "holder": None,
+                "waiters": [],
+                "concurrency": row["concurrency"] or 1,
+            },
         )
         if row["granted"] and entry["holder"] is None:
             entry["holder"] = describe_session(row)
         elif not row["granted"]:
             entry["waiters"].append(_waiter(row))
-    return list(found.values())
+    return _count_held(list(found.values()))
+
+
+def _count_held(found: list[Row]) -> list[Row]:
+    """Add ``held``: how many of its lock name's ``concurrency`` keys are held."""
+    held: dict[str | None, int] = {}
+    for entry in found:
+        if entry["holder"] is not None:
+            held[entry["lock"]] = held.get(entry["lock"], 0) + 1
+    return [{**entry, "held": held.get(entry["lock"], 0)} for entry in found]
 
 
 def beat_view(all_locks: Iterable[Row], namespace: str) -> Row:
@@ -170,6 +185,7 @@ class Status:
     running: list[Row]
     skips: list[Row]
     rogue: list[Row]  # slot-less messages of scheduled tasks, last day (a stock beat?)
+    waiting: list[Row]  # slots that wait their turn (pglock_overlap = "buffer_one")
 
     def as_json(self) -> Row:
         payload: Row = jsonable(
@@ -182,6 +198,7 @@ class Status:
                 "running": self.running,
                 "skips": self.skips,
                 "rogue_sends": self.rogue,
+                "waiting": self.waiting,
             }
         )
         return payload
@@ -207,6 +224,7 @@ def status(
         running=running(conn, tables),
         skips=recent_skips(conn, tables, skips) if skips > 0 else [],
         rogue=fetch(conn, tables.query("ops_rogue_sends"), {"namespace": namespace}),
+        waiting=fetch(conn, tables.query("waiting_slots"), {"limit": 100}),
     )
 
 
@@ -246,10 +264,15 @@ def runs(
 def holders(conn: Connection, tables: Tables, name: str) -> list[Row]:
     """Who holds lock ``name`` right now (normally one session; empty if free)."""
     require_tables(conn, tables)
-    key = lock_key(name)
-    classid, objid = split_key(key)
-    params = {"key": key, "classid": classid, "objid": objid}
+    params = {"keys": lock_keys_of(conn, tables, name)}
     return [describe_session(row) for row in fetch(conn, tables.query("ops_lock_holders"), params)]
+
+
+def lock_keys_of(conn: Connection, tables: Tables, name: str) -> list[int]:
+    """The advisory keys of lock ``name``: its own, and those of its further runs at once
+    (``pglock_concurrency``) that its holder rows name."""
+    rows = conn.execute(tables.query("ops_lock_keys"), {"name": name}).fetchall()
+    return sorted({lock_key(name), *(row[0] for row in rows)})
 
 
 @dataclass(frozen=True)
@@ -281,8 +304,8 @@ def force_release(
     if not found:
         return None
     key = lock_key(name)
-    classid, objid = split_key(key)
-    params = {"classid": classid, "objid": objid, "pids": [h["backend_pid"] for h in found]}
+    keys = lock_keys_of(conn, tables, name)
+    params = {"keys": keys, "pids": [h["backend_pid"] for h in found]}
     ended = {row["backend_pid"] for row in fetch(conn, tables.query("ops_terminate"), params)}
     terminated = [h for h in found if h["backend_pid"] in ended]
     done = ForcedRelease(

@@ -19,7 +19,7 @@ from celery_pglock import signals
 from celery_pglock.config import Scope
 from celery_pglock.db import HOSTNAME, Connection
 from celery_pglock.errors import LockLost
-from celery_pglock.keys import split_key
+from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 
 logger = logging.getLogger("celery_pglock")
@@ -46,12 +46,28 @@ class Claim:
     entry: str | None = None
     coalesce: bool = False
     max_lateness: float | None = None
+    # pglock_concurrency > 1: the lock name's keys (``keys.lock_keys``), ``key`` first;
+    # a granted claim's ``key`` is the one it got.
+    keys: tuple[int, ...] = ()
+    # pglock_overlap = "buffer_one": a message that finds the lock held waits its turn
+    # (``waiting``) instead of being skipped as ``locked``.
+    buffer: bool = False
+
+    @property
+    def concurrency(self) -> int:
+        return len(self.keys) or 1
 
     def params(self) -> dict[str, Any]:
         classid, objid = split_key(self.key)
         timed = is_time_slot(self.slot)
         return {
             **self._identity(classid, objid),
+            "keys": list(self.keys or (self.key,)),
+            "concurrency": self.concurrency,
+            "buffer": self.buffer,
+            "slot_lock": list(slot_lock(self.lock_name, self.slot))
+            if self.keys and self.slot
+            else None,
             "entry": self.entry,
             "newer_than": self.slot if self.coalesce and timed else None,
             "slot_pattern": SLOT_PATTERN,

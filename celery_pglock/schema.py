@@ -27,6 +27,7 @@ TABLES = (
     "audit",
     "beat_tasks",
     "rogue_sends",
+    "waiting",
     "schema_version",
 )
 # Indexes and constraints: the prefix and the name, unqualified (they live in their table's
@@ -42,7 +43,14 @@ TABLE_OBJECTS = (
     "audit_slot_idx",
 )
 # Functions: schema-qualified and prefixed like the tables.
-FUNCTIONS = ("holds_lock", "next_token")
+FUNCTIONS = ("holds_lock", "next_token", "try_lock_any", "any_held")
+QUERY_FILES = (
+    "queries.sql",
+    "beat_queries.sql",
+    "ops_queries.sql",
+    "control_queries.sql",
+    "waiting_queries.sql",
+)
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -58,7 +66,7 @@ def _read(name: str) -> str:
 def query_texts() -> dict[str, str]:
     """Every named query of the packaged ``sql/*queries.sql`` files, by name."""
     texts: dict[str, str] = {}
-    for filename in ("queries.sql", "beat_queries.sql", "ops_queries.sql", "control_queries.sql"):
+    for filename in QUERY_FILES:
         if resources.files("celery_pglock").joinpath("sql").joinpath(filename).is_file():
             parts = _QUERY_HEADER.split(_read(filename))
             texts.update(zip(parts[1::2], (body.strip() for body in parts[2::2]), strict=True))

@@ -17,6 +17,10 @@ from celery import states as celery_states
 from celery.backends import base as backends_base
 
 SKIPPED = "SKIPPED"
+#: The state of a message that waits its turn (``pglock_overlap = "buffer_one"``): not
+#: ready, so ``AsyncResult.get()`` waits on until the slot runs (``SUCCESS``) or a newer
+#: slot replaces it (``SKIPPED``, ``superseded``).
+WAITING = "WAITING"
 
 #: Reasons a message is skipped. ``locked``: another execution holds the lock;
 #: ``done``: the slot already succeeded; ``superseded``: a newer time slot of the same

@@ -18,7 +18,7 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import names, rogue, signals
+from celery_pglock import names, rogue, signals, waiting
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting
 from celery_pglock.db import (
     Database,
@@ -32,7 +32,7 @@ from celery_pglock.errors import (
     TaskSkipped,
 )
 from celery_pglock.events import send_skipped
-from celery_pglock.keys import lock_key
+from celery_pglock.keys import lock_key, lock_keys
 from celery_pglock.ledger import (
     FAILED,
     SUCCEEDED,
@@ -51,7 +51,7 @@ from celery_pglock.messages import (
 )
 from celery_pglock.outage import OutageLog
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.states import SKIPPED
+from celery_pglock.states import SKIPPED, WAITING
 
 logger = logging.getLogger("celery_pglock")
 
@@ -97,7 +97,7 @@ class PgLockMixin:
     ``app.conf.pglock_*``: ``pglock_key``, ``pglock_namespace``, ``pglock_scope``,
     ``pglock_slot``, ``pglock_lease``, ``pglock_scheduled_only``, ``pglock_on_db_error``,
     ``pglock_db_max_retries``, ``pglock_coalesce``, ``pglock_max_lateness``,
-    ``pglock_check_on_enqueue``.
+    ``pglock_check_on_enqueue``, ``pglock_overlap``, ``pglock_concurrency``.
     """
 
     pglock_key: ClassVar[str | Callable[..., str] | None] = None
@@ -111,6 +111,8 @@ class PgLockMixin:
     pglock_coalesce: ClassVar[str | None] = None
     pglock_max_lateness: ClassVar[float | None] = None
     pglock_check_on_enqueue: ClassVar[bool | None] = None
+    pglock_overlap: ClassVar[str | None] = None
+    pglock_concurrency: ClassVar[int | None] = None
 
     _pglock_options: TaskOptions | None = None
 
@@ -124,6 +126,7 @@ class PgLockMixin:
     send_event: Callable[..., None]
     retry: Callable[..., Any]
     AsyncResult: Callable[..., Any]
+    backend: Any
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -168,16 +171,43 @@ class PgLockMixin:
             entry=entry,
             coalesce=coalesces(options, entry),
             max_lateness=options.max_lateness,
+            keys=lock_keys(name, options.concurrency) if options.concurrency > 1 else (),
+            buffer=self._pglock_buffers(options, slot),
         )
         try:
             db = self._pglock_database()
+            outcome: Lease | Skip | waiting.Waiting
             outcome = acquire(db, claim, options.scope, options.lease)
+            if isinstance(outcome, Skip) and claim.buffer and outcome.reason == "locked":
+                message = self._pglock_message(args, kwargs)
+                outcome = waiting.wait_turn(db, claim, options.scope, options.lease, message)
+            elif claim.buffer and self._pglock_header(waiting.WAITED_HEADER):
+                waiting.forget(db, claim)  # a waiting slot's message: its turn came
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
         _outage.succeeded()
+        if isinstance(outcome, waiting.Waiting):
+            self._pglock_report_waiting(outcome)
         if isinstance(outcome, Skip):
             self._pglock_report_skip(outcome)
         return self._pglock_run(db, outcome, args, kwargs)
+
+    def _pglock_buffers(self, options: TaskOptions, slot: str | None) -> bool:
+        """Whether this message waits its turn when the lock is held (``buffer_one``):
+        a slotted message from a broker (an eager call has no worker to come back to)."""
+        eager = self.request.called_directly or self.request.is_eager
+        return options.overlap == "buffer_one" and slot is not None and not eager
+
+    def _pglock_message(self, args: Any, kwargs: Any) -> waiting.Message:
+        delivery = getattr(self.request, "delivery_info", None) or {}
+        return waiting.Message(
+            task_name=self.name,
+            args=list(args),
+            kwargs=dict(kwargs),
+            serializer=getattr(self, "serializer", None) or self.app.conf.task_serializer,
+            exchange=delivery.get("exchange"),
+            routing_key=delivery.get("routing_key"),
+        )
 
     def _pglock_run(self, db: Database, lease: Lease, args: Any, kwargs: Any) -> Any:
         signals.lock_acquired.send(sender=self, lock=lease.lock, slot=lease.slot, token=lease.token)
@@ -192,13 +222,29 @@ class PgLockMixin:
             )
         except BaseException as exc:
             self._pglock_fail(db, lease, exc)
-            _publish_retry(lease)
+            self._pglock_freed(db, lease)
             raise
         finally:
             stack.pop()
-        self._pglock_finish(db, lease, SUCCEEDED, None)
-        _publish_retry(lease)
+        try:
+            self._pglock_finish(db, lease, SUCCEEDED, None)
+        finally:
+            self._pglock_freed(db, lease)
         return result
+
+    def _pglock_freed(self, db: Database, lease: Lease) -> None:
+        """The lock is free: publish what waited for that (the run's own retry, and under
+        ``buffer_one`` the slot that waits its turn)."""
+        try:
+            if lease.claim.buffer:
+                waiting.send_next(db, self.app, lease.lock)
+        except Exception:  # the beat leader's sweep sends it, or the lock's next holder
+            logger.exception(
+                "could not send the waiting slot of %r",
+                lease.lock,
+                extra={"action": "pglock_waiting_not_sent", "lock": lease.lock},
+            )
+        _publish_retry(lease)
 
     def _pglock_body(self, args: Any, kwargs: Any) -> Any:
         """Run the task's body. Called by Celery's tracer, whose request (and task) are on
@@ -373,6 +419,29 @@ class PgLockMixin:
                 "lock": skip.lock,
                 "slot": skip.slot,
                 "token": skip.token,
+            },
+        )
+        raise Ignore()
+
+    def _pglock_report_waiting(self, turn: waiting.Waiting) -> NoReturn:
+        self.update_state(state=WAITING, meta=turn.meta())
+        if turn.replaced_task_id:
+            meta = waiting.superseded_meta(turn, self.request.id)
+            self.backend.store_result(turn.replaced_task_id, meta, SKIPPED)
+        holder = turn.holder or {}
+        logger.info(
+            "%s[%s] waits its turn: lock %r is held (holder %s); slot %s runs when it is freed%s",
+            self.name,
+            self.request.id,
+            turn.lock,
+            holder.get("task_id"),
+            turn.slot,
+            f", and replaces the waiting slot {turn.replaced}" if turn.replaced else "",
+            extra={
+                "action": "pglock_task_waiting",
+                "lock": turn.lock,
+                "slot": turn.slot,
+                "replaced": turn.replaced,
             },
         )
         raise Ignore()

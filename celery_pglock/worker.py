@@ -57,6 +57,7 @@ class StartupCheck(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         if not locking(worker.app):  # the test mode: no database, said once
             return
+        check_task_options(worker.app)
         serve_tasks()
         settings = app_settings(worker.app)
         with connect(settings) as conn:
@@ -135,6 +136,21 @@ class StartupCheck(bootsteps.StartStopStep):
             if klass.__module__ in cls.POOL_NAMES:
                 return cls.POOL_NAMES[klass.__module__]
         return f"{pool_cls.__module__}.{pool_cls.__qualname__}"
+
+
+def check_task_options(app: Celery) -> None:
+    """Refuse to start with a locked task whose options are invalid (an unknown
+    ``pglock_overlap``, a ``pglock_concurrency`` of 0, ...): each error names the task and
+    the valid choices, all at once, before the first message runs into one."""
+    errors: list[str] = []
+    for name, task in sorted(app.tasks.items()):
+        if isinstance(task, PgLockMixin) and not name.startswith(BUILTIN_PREFIX):
+            try:
+                task.pglock_options()
+            except ConfigurationError as exc:
+                errors.append(str(exc))
+    if errors:
+        raise ConfigurationError("invalid celery-pglock task options: " + "; ".join(errors))
 
 
 def _session_scope_tasks(app: Celery) -> list[str]:

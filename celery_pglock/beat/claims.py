@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from celery_pglock import slots
+from celery_pglock import slots, waiting
 from celery_pglock.beat.planner import Due
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.keys import lock_key
@@ -95,6 +95,12 @@ class BeatClaims:
     def sweep_orphans(self) -> None:
         """Record failed the ledger rows a dead attempt left running (they are final then)."""
         abandoned(self._run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS))
+
+    def sweep_waiting(self) -> list[tuple[Any, ...]]:
+        """Waiting slots (``buffer_one``) whose lock nobody holds, to send again; those
+        sent too often without starting are given up first (recorded failed)."""
+        waiting.report_abandoned(self._run_query("abandon_waiting", waiting.ABANDON_PARAMS))
+        return self._run_query("stranded_waiting", waiting.STRANDED_PARAMS)
 
 
 def _claim_order(item: Due) -> tuple[str, str]:

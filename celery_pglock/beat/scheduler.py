@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from celery.beat import Scheduler
 
+from celery_pglock import waiting
 from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
@@ -250,6 +251,7 @@ class PgLockSchedulerMixin:
         if now >= self._next_sweep:
             self._next_sweep = now + ORPHAN_SWEEP_EVERY
             self.pglock_claims.sweep_orphans()
+            waiting.send_stranded(self.app, self.pglock_claims.sweep_waiting())
 
     def _register_tasks(self) -> None:
         """Say which tasks our entries send, so that workers can tell a stock beat's

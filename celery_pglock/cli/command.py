@@ -78,7 +78,9 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
     parts = [output.freshness_text(fresh)] if fresh else []  # overdue entries first
     parts += [output.rogue_text(found.rogue)] if found.rogue else []
-    parts += [output.locks_text(found.locks), output.beat_text(found.beat)]
+    parts += [output.locks_text(found.locks)]
+    parts += [output.waiting_text(found.waiting)] if found.waiting else []
+    parts += [output.beat_text(found.beat)]
     parts += [output.pauses_text(paused)] if paused else []
     parts += [output.running_text(found.running), output.skips_text(found.skips)]
     parts += [output.tasks_text(tasks)]

@@ -72,13 +72,15 @@ def _who(session: Row | None) -> tuple[Any, Any, Any]:
 
 
 def locks_text(locks: list[Row]) -> str:
-    headers = ("LOCK", "KEY", "SCOPE", "HOST", "PID", "TASK ID", "SLOT", "TOKEN", "SINCE")
+    headers = ("LOCK", "HELD", "KEY", "SCOPE", "HOST", "PID", "TASK ID", "SLOT", "TOKEN", "SINCE")
     rows = []
     for lock in locks:
         holder = lock["holder"] or {}
+        limit = lock.get("concurrency") or 1
         rows.append(
             (
                 lock["lock"] or "(unknown name)",
+                f"{lock.get('held', 1)} of {limit}" if limit > 1 else None,
                 lock["key"],
                 holder.get("scope"),
                 *_who(lock["holder"]),
@@ -101,6 +103,24 @@ def waiters_text(waiting: list[tuple[str, Row]]) -> str:
         for name, w in waiting
     ]
     return section(f"WAITERS ({len(rows)})", headers, rows)
+
+
+def waiting_text(waiting: list[Row]) -> str:
+    """The slots that wait their turn (``buffer_one``), oldest first."""
+    headers = ("LOCK", "SLOT", "TASK", "TASK ID", "WAITING SINCE", "SENT", "LOCK IS")
+    rows = [
+        (
+            row["lock_name"],
+            row["slot"],
+            row["task_name"],
+            row["task_id"],
+            when(row["waiting_since"]),
+            when(row["sent_at"]) or "not yet",
+            "held" if row["lock_held"] else "free (sent at the next sweep)",
+        )
+        for row in waiting
+    ]
+    return section(f"WAITING SLOTS ({len(rows)})", headers, rows)
 
 
 def beat_text(beat: Row) -> str:

@@ -27,7 +27,7 @@ SELECT l.lock_key, l.granted, l.pid AS backend_pid,
        a.backend_start, a.xact_start, a.query_start,
        (h.backend_pid = l.pid AND l.granted AND h.since >= a.backend_start
         AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)) AS recorded,
-       h.task_id, h.host, h.pid, h.slot, h.token, h.since
+       h.task_id, h.host, h.pid, h.slot, h.token, h.since, h.concurrency
   FROM locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
   LEFT JOIN {holders} h ON h.lock_key = l.lock_key
@@ -85,35 +85,47 @@ SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_name, r.task_id
  ORDER BY coalesce(r.started_at, r.scheduled_at, r.created_at) DESC, r.lock_name, r.slot
  LIMIT %(limit)s;
 
+-- name: ops_lock_keys
+-- The keys of one lock name: its own, and under pglock_concurrency the others its holder
+-- rows name (a transaction-scope holder's row may not be committed: its own key is
+-- passed in, and each of N keys held shows once it has been held in session scope).
+SELECT DISTINCT lock_key FROM {holders} WHERE lock_name = %(name)s;
+
 -- name: ops_lock_holders
--- The sessions that hold one lock now (normally one), with the holder row if recorded.
+-- The sessions that hold one lock now (normally one; up to N under pglock_concurrency),
+-- with the holder row if recorded.
+WITH held AS (
+    SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint AS lock_key
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.pid <> pg_backend_pid()
+)
 SELECT l.pid AS backend_pid, a.application_name, host(a.client_addr) AS client_addr,
        a.usename, a.backend_start, a.xact_start,
        (h.backend_pid = l.pid AND h.since >= a.backend_start
         AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)) AS recorded,
        h.task_id, h.host, h.pid, h.slot, h.token, h.since
-  FROM pg_locks l
+  FROM held l
   JOIN pg_stat_activity a ON a.pid = l.pid
-  LEFT JOIN {holders} h ON h.lock_key = %(key)s
- WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-   AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.pid <> pg_backend_pid();
+  LEFT JOIN {holders} h ON h.lock_key = l.lock_key
+ ORDER BY l.lock_key;
 
 -- name: ops_terminate
 -- End the sessions in `pids` that still hold the lock (a holder that finished meanwhile,
 -- or a backend pid reused since we looked, is left alone).
-SELECT l.pid AS backend_pid, pg_terminate_backend(l.pid) AS terminated
+SELECT DISTINCT l.pid AS backend_pid, pg_terminate_backend(l.pid) AS terminated
   FROM pg_locks l
  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-   AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.pid = ANY(%(pids)s::integer[]);
 
 -- name: ops_still_held
 SELECT count(*) FROM pg_locks l
  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-   AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
    AND l.pid = ANY(%(pids)s::integer[]);
 
 -- name: prune_skips

@@ -5,25 +5,30 @@
 -- One round trip: try the advisory lock; if granted, take a fencing token, arm the
 -- lease and record the holder. The `ledger` fragment is `acquire_ledger` (below) when
 -- the message has a slot; for a lock without one, CTEs that claim nothing (`NO_LEDGER`
--- in locks.py), so that such a lock costs the server no look-up in the ledger.
+-- in locks.py), so that such a lock costs the server no look-up in the ledger. The `lock`
+-- fragment tries the lock's one key, or under `pglock_concurrency` its N keys in turn
+-- (`LOCK_ONE`, `LOCK_ANY` in locks.py), and names the key it got.
 WITH lock AS (
-    SELECT {try_lock}(%(key)s) AS acquired
+    {lock}
 ), granted AS (
     SELECT {next_token}() AS token,
            set_config('application_name', %(application_name)s, false) AS application_name,
            {arm_lease} AS lease
     FROM lock WHERE acquired
 ), holder AS (
-    INSERT INTO {holders} AS h (lock_key, lock_name, slot, task_id, host, pid, backend_pid, token)
-    SELECT %(key)s, %(lock_name)s, %(slot)s, %(task_id)s, %(host)s, %(pid)s, pg_backend_pid(), token
-    FROM granted
+    INSERT INTO {holders} AS h (lock_key, lock_name, slot, task_id, host, pid, backend_pid, token,
+                                concurrency)
+    SELECT lock.key, %(lock_name)s, %(slot)s, %(task_id)s, %(host)s, %(pid)s, pg_backend_pid(),
+           token, %(concurrency)s
+    FROM granted, lock
     ON CONFLICT (lock_key) DO UPDATE
         SET lock_name = EXCLUDED.lock_name, slot = EXCLUDED.slot, task_id = EXCLUDED.task_id,
             host = EXCLUDED.host, pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid,
-            token = EXCLUDED.token, since = now()
+            token = EXCLUDED.token, since = now(), concurrency = EXCLUDED.concurrency
     RETURNING token
 ), {ledger}
 SELECT (SELECT acquired FROM lock) AS acquired,
+       (SELECT key FROM lock) AS key,
        (SELECT token FROM holder) AS token,
        (SELECT attempts FROM claim) AS attempts,
        (SELECT newer_slot FROM stale) AS newer_slot,
@@ -52,17 +57,21 @@ stale AS (
 ), claim AS (
     INSERT INTO {runs} AS r (lock_name, slot, lock_key, state, attempts, token, task_id,
                              task_name, host, pid, backend_pid, started_at, entry)
-    SELECT %(lock_name)s, %(slot)s, %(key)s, 'running', 1, token, %(task_id)s,
+    SELECT %(lock_name)s, %(slot)s, lock.key, 'running', 1, token, %(task_id)s,
            %(task_name)s, %(host)s, %(pid)s, pg_backend_pid(), now(), %(entry)s
-    FROM granted, stale
+    FROM granted, stale, lock
     WHERE %(slot)s::text IS NOT NULL AND stale.newer_slot IS NULL AND NOT stale.late
     ON CONFLICT (lock_name, slot) DO UPDATE
         SET state = 'running', attempts = r.attempts + 1, token = EXCLUDED.token,
-            task_id = EXCLUDED.task_id, task_name = EXCLUDED.task_name, host = EXCLUDED.host,
-            pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid, started_at = now(),
-            finished_at = NULL, reason = NULL, updated_at = now(),
-            entry = coalesce(r.entry, EXCLUDED.entry)
+            lock_key = EXCLUDED.lock_key, task_id = EXCLUDED.task_id,
+            task_name = EXCLUDED.task_name, host = EXCLUDED.host, pid = EXCLUDED.pid,
+            backend_pid = EXCLUDED.backend_pid, started_at = now(), finished_at = NULL,
+            reason = NULL, updated_at = now(), entry = coalesce(r.entry, EXCLUDED.entry)
+        -- Not a slot another live session runs: with pglock_concurrency > 1 the same slot
+        -- can arrive twice at once, each message under another of the lock's keys.
         WHERE r.state <> 'succeeded'
+          AND NOT (r.state = 'running' AND r.backend_pid <> pg_backend_pid()
+                   AND {holds_lock}(r.backend_pid, r.lock_key))
     RETURNING attempts
 )
 
@@ -204,8 +213,10 @@ WITH released AS (
             -- holder's own row is uncommitted, and its transaction has an xid)
             AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-       AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid
+       AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
        AND l.pid <> pg_backend_pid()
+     -- under pglock_concurrency, the one that runs this slot if one does
+     ORDER BY h.slot IS NOT DISTINCT FROM %(slot)s::text DESC
      LIMIT 1
 ), newer AS (
     SELECT slot, token, task_id, host, pid, finished_at
@@ -223,24 +234,25 @@ WITH released AS (
        SET state = 'failed', reason = %(abandoned_reason)s, finished_at = now(),
            updated_at = now()
      WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'running'
-       AND NOT EXISTS (
-           SELECT 1 FROM pg_locks l
-            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-              AND l.pid = r.backend_pid
-              AND l.classid = %(classid)s::bigint::oid AND l.objid = %(objid)s::bigint::oid)
+       AND NOT {holds_lock}(r.backend_pid, r.lock_key)
     RETURNING r.token
-), logged AS (
-    INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
-    SELECT %(lock_name)s, %(slot)s,
-           CASE WHEN (SELECT state FROM run) = 'succeeded' THEN 'done'
+), decided AS (
+    SELECT CASE WHEN (SELECT state FROM run) = 'succeeded' THEN 'done'
                 WHEN EXISTS (SELECT 1 FROM ahead) THEN 'superseded'
-                ELSE %(reason)s END,
+                ELSE %(reason)s END AS reason
+), logged AS (
+    -- Under pglock_overlap = "buffer_one" (%(buffer)s) a `locked` message is not skipped:
+    -- it waits its turn (waiting.py), so nothing is logged or finalized here.
+    INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
+    SELECT %(lock_name)s, %(slot)s, decided.reason,
            %(task_id)s, %(task_name)s, %(host)s, %(pid)s,
            -- who held the lock, or ran the slot: for a `done` skip the run that succeeded,
            -- not whichever attempt of another slot holds the lock now
            CASE WHEN (SELECT state FROM run) = 'succeeded' THEN (SELECT task_id FROM run)
                 ELSE coalesce((SELECT task_id FROM holder), (SELECT task_id FROM newer),
                               (SELECT task_id FROM run)) END
+      FROM decided
+     WHERE NOT (%(buffer)s AND decided.reason = 'locked')
     RETURNING reason
 ), finalized AS (
     -- The slot's row is `scheduled` (beat sent it, no attempt ever claimed it) and this
@@ -249,9 +261,10 @@ WITH released AS (
     UPDATE {runs} r
        SET state = 'skipped', reason = (SELECT reason FROM logged), finished_at = now(),
            updated_at = now()
-     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'scheduled'
+     WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s
+       AND r.state IN ('scheduled', 'waiting') AND EXISTS (SELECT 1 FROM logged)
 )
-SELECT (SELECT reason FROM logged) AS reason,
+SELECT (SELECT reason FROM decided) AS reason,
        (SELECT released FROM released) AS released,
        (SELECT token FROM abandoned) AS abandoned_token,
        run.state AS run_state, run.token AS run_token, run.task_id AS run_task_id,
@@ -277,12 +290,7 @@ WITH run AS (
       FROM {runs} r
      WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s
        AND (r.state = 'succeeded'
-            OR (r.state = 'running' AND EXISTS (
-                SELECT 1 FROM pg_locks l
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                   AND l.pid = r.backend_pid
-                   AND l.classid = %(classid)s::bigint::oid
-                   AND l.objid = %(objid)s::bigint::oid)))
+            OR (r.state = 'running' AND {holds_lock}(r.backend_pid, r.lock_key)))
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
     SELECT %(lock_name)s, %(slot)s,

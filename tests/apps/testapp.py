@@ -15,6 +15,7 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
   backend, its tables live in ``TEST_SCHEMA`` too;
 - ``TEST_BEAT_CATCH_UP``, ``TEST_BEAT_CATCH_UP_LIMIT`` (``pglock_beat_catch_up`` and its
   limit);
+- ``TEST_OVERLAP`` (the app-wide ``pglock_overlap``);
 - ``TEST_OVERDUE_AFTER`` (``pglock_overdue_after``); with ``TEST_RECORD_OVERDUE`` ("1") a
   beat records each ``task_overdue`` signal in ``<schema>.overdue``.
 
@@ -70,6 +71,8 @@ if ENV.get("TEST_BEAT_CATCH_UP"):
     app.conf.pglock_beat_catch_up = ENV["TEST_BEAT_CATCH_UP"]
 if ENV.get("TEST_BEAT_CATCH_UP_LIMIT"):
     app.conf.pglock_beat_catch_up_limit = int(ENV["TEST_BEAT_CATCH_UP_LIMIT"])
+if ENV.get("TEST_OVERLAP"):  # app-wide pglock_overlap (a bad one stops the worker)
+    app.conf.pglock_overlap = ENV["TEST_OVERLAP"]
 if ENV.get("TEST_OVERDUE_AFTER"):
     app.conf.pglock_overdue_after = float(ENV["TEST_OVERDUE_AFTER"])
 if (ENV.get("TEST_RESULT_BACKEND") or "").startswith("db+"):
@@ -346,6 +349,59 @@ def gated_scheduled_only(self: Any, gate: int | None = None, marker: str | None 
     wait_for_gate(gate)
     finish(row)
     return self.pglock.token if self.pglock else None
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.gated_buffered", pglock_overlap="buffer_one")
+def gated_buffered(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Like ``gated``, under ``pglock_overlap = "buffer_one"``: one slot waits its turn."""
+    return _gated_run(self, gate, marker)
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.gated_limited", pglock_concurrency=3)
+def gated_limited(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Like ``gated``, up to 3 runs at once (``pglock_concurrency = 3``)."""
+    return _gated_run(self, gate, marker)
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.gated_limited_buffered",
+    pglock_concurrency=3,
+    pglock_overlap="buffer_one",
+)
+def gated_limited_buffered(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Up to 3 runs at once, and one slot waits for a free one."""
+    return _gated_run(self, gate, marker)
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.gated_limited_tx",
+    pglock_concurrency=3,
+    pglock_scope="transaction",
+)
+def gated_limited_tx(self: Any, gate: int | None = None, marker: str | None = None) -> Any:
+    """Transaction scope, up to 3 runs at once: recorded in each lock's own transaction."""
+    record(self, marker, conn=self.pglock.connection)
+    wait_for_gate(gate)
+    return self.pglock.token
+
+
+def _gated_run(task: Any, gate: int | None, marker: str | None) -> Any:
+    row = record(task, marker)
+    wait_for_gate(gate)
+    finish(row)
+    return task.pglock.token if task.pglock else None
+
+
+@app.task(bind=True, base=PgLockTask, name="testapp.buffered_tick", pglock_overlap="buffer_one")
+def buffered_tick(self: Any) -> None:
+    """A beat entry's slow task under ``buffer_one``: slots that come while it runs wait."""
+    row = record(self)
+    time.sleep(float(ENV.get("TEST_SLOW_TICK", "0.3")))
+    finish(row)
 
 
 @app.task(bind=True, base=PgLockTask, name="testapp.gated_tx", pglock_scope="transaction")

@@ -40,8 +40,8 @@ TASK = "cli.job"
 
 STATUS_KEYS = {"namespace", "schema", "table_prefix", "locks", "beat", "running", "skips"}
 STATUS_KEYS |= {"rogue_sends"}
-STATUS_KEYS |= {"freshness", "paused", "tasks"}
-LOCK_KEYS = {"lock", "key", "holder", "waiters"}
+STATUS_KEYS |= {"freshness", "paused", "tasks", "waiting"}
+LOCK_KEYS = {"lock", "key", "holder", "waiters", "concurrency", "held"}
 HOLDER_KEYS = {"host", "pid", "task_id", "scope", "slot", "token", "since", "backend_pid"}
 HOLDER_KEYS |= {"application_name", "client_addr", "user"}
 RUN_KEYS = {"lock_name", "slot", "state", "attempts", "token", "task_name", "task_id", "host"}

@@ -34,6 +34,16 @@ START = datetime(2026, 3, 29, 0, 58, 0, 400000, UTC)  # an hour before Berlin sp
 EVERY_10 = schedule(timedelta(seconds=10))
 
 
+# Nothing to re-send, no row a dead attempt left running, no slot waiting.
+WITHOUT_ROWS = (
+    "beat_unsent",
+    "abandon_orphans",
+    "beat_register_tasks",
+    "stranded_waiting",
+    "abandon_waiting",
+)
+
+
 class Clock:
     """One fake clock for ``datetime.now``, ``time.time`` and ``time.monotonic`` in beat."""
 
@@ -91,8 +101,8 @@ class Store:
             for entry, slot in zip(params["entries"], params["slots"], strict=True):
                 self.last[entry] = max(slot, self.last.get(entry, ""))
             return []
-        if name in ("beat_unsent", "abandon_orphans", "beat_register_tasks"):
-            return []  # nothing to re-send, no row a dead attempt left running
+        if name in WITHOUT_ROWS:
+            return []  # nothing to re-send, no row a dead attempt left running, none waiting
         raise AssertionError(f"unexpected query {name}")
 
 

@@ -77,6 +77,36 @@ def test_max_lateness_must_be_positive() -> None:
         options(app)
 
 
+def test_overlap_and_concurrency_default_to_skip_and_one() -> None:
+    """Unset, a message that finds its lock held is skipped, and one runs at a time."""
+    default = options(Celery("proj", set_as_current=False))
+
+    assert ("skip", 1) == (default.overlap, default.concurrency)
+
+
+def test_overlap_and_concurrency_are_read_per_task_and_app_wide() -> None:
+    app = Celery("proj", set_as_current=False)
+    app.conf.pglock_overlap = "buffer_one"
+
+    chosen = options(app, pglock_concurrency=3)
+
+    assert ("buffer_one", 3) == (chosen.overlap, chosen.concurrency)
+
+
+@pytest.mark.parametrize("policy", ["queue", "BUFFER_ONE", "", 1])
+def test_unknown_overlap_policy_is_refused_naming_the_choices(policy: Any) -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"pglock_overlap must be 'skip' .* or 'buffer_one'"
+    ):
+        options(Celery("proj", set_as_current=False), pglock_overlap=policy)
+
+
+@pytest.mark.parametrize("limit", [0, -1, 65, True, "3", 2.0])
+def test_concurrency_must_be_an_int_from_1_to_64(limit: Any) -> None:
+    with pytest.raises(ConfigurationError, match="pglock_concurrency must be an int from 1 to 64"):
+        options(Celery("proj", set_as_current=False), pglock_concurrency=limit)
+
+
 def test_bad_catch_up_policy_fails_at_start_up() -> None:
     """An unknown app-wide pglock_beat_catch_up stops the scheduler from starting."""
     with pytest.raises(ConfigurationError, match="pglock_beat_catch_up must be one of"):

@@ -14,6 +14,7 @@ import celery_pglock
 
 PUBLIC_NAMES = [
     "SKIPPED",
+    "WAITING",
     "ConfigurationError",
     "DatabaseUnavailable",
     "LockLost",

@@ -1,0 +1,227 @@
+"""``pglock_overlap = "buffer_one"``: one slot waits while its lock is held, then runs.
+
+A message that finds every key of its lock held is not skipped: ``wait_turn`` keeps it in
+PostgreSQL (the ``waiting`` table: the task's arguments as its serializer encoded them,
+the headers that name the slot, where it was sent) and acks it, so it occupies no worker
+process while it waits and outlives any worker. At most one slot waits per lock name: a
+newer one replaces it (the replaced one is ``SKIPPED``, ``superseded``). The holder that
+frees the lock sends the waiting message again (``send_next``), with the same task id,
+so that its ``AsyncResult`` follows it; the beat leader sends one whose holder died
+(``send_stranded``). Each slot still runs at most once: the ledger decides as for any
+message, and a copy sent twice skips as ``done`` or ``locked``.
+
+Nothing is lost on the way: a waiting slot is decided after its row is committed, and
+then the lock is tried once more. Either that try gets the lock (and runs the slot
+itself), or the holder frees it later, and the holder's look for a waiting slot comes
+after that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kombu import serialization
+from psycopg.types.json import Jsonb
+
+from celery_pglock.config import Scope
+from celery_pglock.db import Database
+from celery_pglock.keys import waiting_lock
+from celery_pglock.locks import acquire, release
+from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.slots import SLOT_PATTERN
+
+logger = logging.getLogger("celery_pglock")
+
+#: The header of a waiting slot's message, sent again when its turn came.
+WAITED_HEADER = "pglock_waited"
+RESEND_AFTER = 30.0  # seconds: a sent waiting message that has not started is sent again
+STRANDED_GRACE = 2.0  # seconds a waiting slot may wait on a free lock before the sweep
+STRANDED_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A message that waits its turn: its slot runs when the lock is next free."""
+
+    lock: str
+    slot: str
+    holder: dict[str, Any] | None
+    replaced: str | None  # the slot that waited before, now superseded
+    replaced_task_id: str | None
+
+    def meta(self) -> dict[str, Any]:
+        return {"lock": self.lock, "slot": self.slot, "holder": self.holder}
+
+
+@dataclass(frozen=True)
+class Message:
+    """What runs a waiting slot: the call and where it was sent."""
+
+    task_name: str
+    args: Any
+    kwargs: Any
+    serializer: str
+    exchange: str | None
+    routing_key: str | None
+
+    def encoded(self) -> dict[str, Any]:
+        content_type, content_encoding, body = serialization.dumps(
+            (self.args, self.kwargs), serializer=self.serializer
+        )
+        data = body.encode(content_encoding) if isinstance(body, str) else body
+        return {"body": data, "content_type": content_type, "content_encoding": content_encoding}
+
+
+def wait_turn(
+    db: Database, claim: Claim, scope: Scope, lease: float | None, message: Message
+) -> Lease | Skip | Waiting:
+    """``claim`` found its lock held: wait (the slot runs next), or say why not."""
+    outcome, other_slot, other_task = _decide(db, claim, message)
+    if outcome == "taken":  # its slot ran or runs: skipped as usual (`done`, `locked`)
+        return acquire(db, dataclasses.replace(claim, buffer=False), scope, lease)
+    if outcome == "superseded":
+        holder = {"task_id": other_task, "slot": other_slot}
+        return Skip("superseded", claim.lock_name, claim.slot, holder, None)
+    replaced = (other_slot, other_task) if other_slot != claim.slot else (None, None)
+    again = acquire(db, claim, scope, lease)  # the holder may have ended meanwhile
+    if isinstance(again, Lease):
+        return again if forget(db, again.claim) else _superseded_meanwhile(db, again)
+    if again.reason != "locked":
+        forget(db, claim)
+        return again
+    assert claim.slot is not None
+    return Waiting(claim.lock_name, claim.slot, again.holder, *replaced)
+
+
+def _decide(db: Database, claim: Claim, message: Message) -> tuple[str, str | None, str | None]:
+    first, second = waiting_lock(claim.lock_name)
+    params = {
+        **claim.params(),
+        **message.encoded(),
+        "headers": Jsonb({SLOT_HEADER: claim.slot, ENTRY_HEADER: claim.entry}),
+        "exchange": message.exchange,
+        "routing_key": message.routing_key,
+        "slot_pattern": SLOT_PATTERN,
+        "waiting_lock_1": first,
+        "waiting_lock_2": second,
+    }
+    with db.connection() as conn, conn.transaction():
+        conn.execute(db.tables.query("lock_waiting"), params)
+        row = conn.execute(db.tables.query("wait_turn"), params).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2]
+
+
+def _superseded_meanwhile(db: Database, lease: Lease) -> Skip:
+    """The lock came free after we waited, but a newer slot replaced ours in between."""
+    release(db, lease, "skipped", "superseded")
+    return Skip("superseded", lease.lock, lease.slot, None, lease.token)
+
+
+def forget(db: Database, claim: Claim) -> bool:
+    """The waiting slot of ``claim`` started or was skipped: it waits no more. False when
+    no slot of ``claim`` was waiting."""
+    with db.connection() as conn:
+        params = {"lock_name": claim.lock_name, "slot": claim.slot}
+        return conn.execute(db.tables.query("forget_waiting"), params).fetchone() is not None
+
+
+def send_next(db: Database, app: Any, lock_name: str) -> None:
+    """The lock was freed: send its waiting slot's message, if a slot waits."""
+    params = {"lock_name": lock_name, "resend_after": RESEND_AFTER}
+    with db.connection() as conn:
+        rows = conn.execute(db.tables.query("send_waiting"), params).fetchall()
+    for row in rows:
+        _publish(app, row, "its lock was freed")
+
+
+MAX_SENDS = 10  # a waiting slot sent this often without starting is given up (failed)
+ABANDONED = "abandoned: its waiting message was sent 10 times and never started"
+ABANDON_PARAMS = {"max_sends": MAX_SENDS, "resend_after": RESEND_AFTER, "reason": ABANDONED}
+
+# The beat leader's sweep (``stranded_waiting``): waiting slots whose lock nobody holds.
+STRANDED_PARAMS = {"grace": STRANDED_GRACE, "resend_after": RESEND_AFTER, "limit": STRANDED_LIMIT}
+STRANDED = "nobody holds its lock (its holder died, or the message was lost on its way)"
+
+
+def send_stranded(app: Any, rows: list[tuple[Any, ...]]) -> None:
+    """Send the waiting slots the beat leader's sweep found stranded."""
+    for row in rows:
+        try:
+            _publish(app, row, STRANDED)
+        except Exception:  # sent again at the next sweep (RESEND_AFTER)
+            logger.exception(
+                "could not send the waiting slot %s of %s",
+                row[2],
+                row[1],
+                extra={"action": "pglock_waiting_not_sent", "slot": row[2]},
+            )
+
+
+def report_abandoned(rows: list[tuple[Any, ...]]) -> None:
+    """Log the waiting slots the beat leader's sweep gave up (``abandon_waiting``)."""
+    for lock_name, slot, task_id, task_name, sends in rows:
+        logger.error(
+            "gave up the waiting slot %s of %s[%s] (lock %r): sent %d times, it never "
+            "started (is the task registered on a worker that consumes its queue?); its "
+            "ledger row is failed",
+            slot,
+            task_name,
+            task_id,
+            lock_name,
+            sends,
+            extra={"action": "pglock_waiting_abandoned", "lock": lock_name, "slot": slot},
+        )
+
+
+def _publish(app: Any, row: tuple[Any, ...], why: str) -> None:
+    task_id, task_name, slot, body, content_type, content_encoding, headers, exchange, key = row
+    args, kwargs = serialization.loads(
+        bytes(body), content_type, content_encoding, accept={content_type}
+    )
+    options = {"exchange": exchange, "routing_key": key} if key else {}
+    app.send_task(
+        task_name,
+        args=args,
+        kwargs=kwargs,
+        task_id=task_id,
+        headers={**headers, WAITED_HEADER: True},
+        serializer=serialization.registry.type_to_name[content_type],  # type: ignore[attr-defined]
+        **options,
+    )
+    logger.info(
+        "sent the waiting slot %s of %s[%s]: %s",
+        slot,
+        task_name,
+        task_id,
+        why,
+        extra={"action": "pglock_waiting_sent", "slot": slot, "task_id": task_id},
+    )
+
+
+def superseded_meta(waiting: Waiting, task_id: str | None) -> dict[str, Any]:
+    """The ``SKIPPED`` meta of the slot that ``waiting`` replaced (``replaced``)."""
+    return {
+        "reason": "superseded",
+        "lock": waiting.lock,
+        "slot": waiting.replaced,
+        "holder": {"task_id": task_id, "slot": waiting.slot},
+        "token": None,
+    }
+
+
+__all__ = [
+    "WAITED_HEADER",
+    "Message",
+    "Waiting",
+    "forget",
+    "report_abandoned",
+    "send_next",
+    "send_stranded",
+    "superseded_meta",
+    "wait_turn",
+]

@@ -1,0 +1,147 @@
+"""``pglock_overlap = "buffer_one"`` on PostgreSQL: which slot waits, and what it leaves."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg.rows import dict_row
+
+from celery_pglock.config import Settings
+from celery_pglock.db import Database
+from celery_pglock.ledger import SUCCEEDED
+from celery_pglock.locks import acquire, release
+from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.waiting import ABANDON_PARAMS, MAX_SENDS, Message, Waiting, wait_turn
+from tests.integration.locking import Conn, claim, granted, open_database, skip_rows, the_run
+
+pytestmark = pytest.mark.integration
+
+SLOTS = [f"2026-11-29T18:0{i}:00Z" for i in range(5)]
+MESSAGE = Message("tests.locked", [1, "a"], {"k": 2}, "json", "celery", "celery")
+
+
+@pytest.fixture
+def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
+    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema)) as database:
+        yield database
+
+
+def buffered(name: str, slot: str) -> Claim:
+    return dataclasses.replace(claim(name, slot), buffer=True)
+
+
+def arrive(db: Database, attempt: Claim) -> Lease | Skip | Waiting:
+    """What the task does: acquire; if `locked`, wait its turn."""
+    outcome = acquire(db, attempt, "session", None)
+    if isinstance(outcome, Skip) and outcome.reason == "locked":
+        return wait_turn(db, attempt, "session", None, MESSAGE)
+    return outcome
+
+
+def waiting_rows(conn: Conn, db: Database) -> list[dict[str, Any]]:
+    query = db.tables.render("SELECT * FROM {waiting} ORDER BY lock_name")
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query).fetchall()
+
+
+def test_the_newest_slot_waits_and_replaces_the_one_before(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Slots 1, 2, 3 arrive while 0 runs: each waits and supersedes the one before; the
+    ledger says so, the skip log names the replacing message, a `locked` try is not logged."""
+    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    attempts = [buffered(job, slot) for slot in SLOTS[1:4]]
+    turns = [arrive(db, attempt) for attempt in attempts]
+
+    assert all(isinstance(turn, Waiting) for turn in turns)
+    assert [None, SLOTS[1], SLOTS[2]] == [turn.replaced for turn in turns]  # type: ignore[union-attr]
+    states = [the_run(pg_conn, db, job, slot)["state"] for slot in SLOTS[1:4]]
+    assert ["skipped", "skipped", "waiting"] == states
+    skips = [(s["slot"], s["reason"], s["holder_task_id"]) for s in skip_rows(pg_conn, db, job)]
+    assert [
+        (SLOTS[1], "superseded", attempts[1].task_id),
+        (SLOTS[2], "superseded", attempts[2].task_id),
+    ] == skips
+    [kept] = waiting_rows(pg_conn, db)
+    assert (SLOTS[3], attempts[2].task_id, None) == (kept["slot"], kept["task_id"], kept["sent_at"])
+    release(db, holder, SUCCEEDED)
+
+
+def test_an_older_time_slot_never_replaces_a_newer_waiting_one(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    newer = buffered(job, SLOTS[3])
+    assert isinstance(arrive(db, newer), Waiting)
+
+    older = arrive(db, buffered(job, SLOTS[1]))
+
+    assert isinstance(older, Skip)
+    assert ("superseded", newer.task_id) == (older.reason, (older.holder or {})["task_id"])
+    assert [SLOTS[3]] == [row["slot"] for row in waiting_rows(pg_conn, db)]
+    release(db, holder, SUCCEEDED)
+
+
+def test_a_lock_freed_while_the_slot_decided_to_wait_runs_it_at_once(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """The holder ended between the first try and the waiting row: the message's second
+    try gets the lock, takes its row back and runs (nothing waits on a free lock)."""
+    attempt = buffered(job, SLOTS[1])
+
+    turn = wait_turn(db, attempt, "session", None, MESSAGE)  # the lock is free
+
+    lease = granted(turn)  # type: ignore[arg-type]
+    assert [] == waiting_rows(pg_conn, db)
+    assert "running" == the_run(pg_conn, db, job, SLOTS[1])["state"]
+    release(db, lease, SUCCEEDED)
+
+
+def test_messages_that_wait_at_once_leave_one_waiting_slot(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Eight messages decide at once: one waits, seven are superseded, none is lost."""
+    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    attempts = [buffered(job, f"business-key-{n}") for n in range(8)]
+    turns: list[Any] = [None] * len(attempts)
+
+    def decide(number: int) -> None:
+        turns[number] = arrive(db, attempts[number])
+
+    threads = [threading.Thread(target=decide, args=(n,)) for n in range(len(attempts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    [kept] = waiting_rows(pg_conn, db)
+    states = {a.slot: the_run(pg_conn, db, job, str(a.slot))["state"] for a in attempts}
+    assert 1 == list(states.values()).count("waiting")
+    assert "waiting" == states[kept["slot"]]
+    assert {"skipped"} == {s for slot, s in states.items() if slot != kept["slot"]}
+    release(db, holder, SUCCEEDED)
+
+
+def test_a_waiting_slot_that_never_starts_is_given_up_and_final(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Sent 10 times, never started (its task registered nowhere): the sweep gives it up,
+    its ledger row becomes `failed`, final."""
+    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    assert isinstance(arrive(db, buffered(job, SLOTS[1])), Waiting)
+    release(db, holder, SUCCEEDED)
+    stale = db.tables.render(
+        "UPDATE {waiting} SET sends = %(n)s, sent_at = now() - interval '1 hour'"
+    )
+    pg_conn.execute(stale, {"n": MAX_SENDS})
+
+    given_up = pg_conn.execute(db.tables.query("abandon_waiting"), ABANDON_PARAMS).fetchall()
+
+    assert [(job, SLOTS[1])] == [(row[0], row[1]) for row in given_up]
+    row = the_run(pg_conn, db, job, SLOTS[1])
+    assert ("failed", ABANDON_PARAMS["reason"]) == (row["state"], row["reason"])
+    assert [] == waiting_rows(pg_conn, db)
