@@ -20,6 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from celery_pglock import SKIPPED, WAITING
+from celery_pglock.waiting import WAITED_HEADER
 from tests.apps import testapp
 from tests.apps.harness import (
     DEADLINE,
@@ -118,6 +119,41 @@ def test_buffer_one_keeps_the_newest_slot_and_runs_it_after_the_holder(
         slot(3)["pglock_slot"]: ("succeeded", None),
     } == states
     assert [] == waiting_rows(pg_dsn, pglock_schema)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="D6 (chaos seed 8383): the copy of a waiting slot, sent while that slot's own "
+    "message ran it, skipped as locked and set that running message's result to SKIPPED",
+)
+def test_a_copy_of_a_slot_its_own_message_runs_leaves_its_result_alone(
+    redis_url: str, pg_dsn: str, pglock_schema: str, procs: Procs
+) -> None:
+    """A waiting slot's message may take the lock itself while the holder, just freed,
+    sends its copy (same task id, ``pglock_waited``): the copy then finds the slot run by
+    that very task id. Its skip must not make the caller's result SKIPPED (ready) while
+    the run goes on; the run's SUCCESS is what the caller gets."""
+    env = redis_app_env(pg_dsn=pg_dsn, schema=pglock_schema, redis_url=redis_url)
+    configure_client(env)
+    [worker] = start_workers(procs, env, 1, concurrency=2)
+    task = testapp.gated_buffered
+
+    with Gate(pg_dsn) as gate:
+        ran = task.apply_async((gate.id,), headers=slot(1))
+        wait_until(lambda: executions(pg_dsn, pglock_schema), timeout=DEADLINE, message="run")
+        task.apply_async(  # what the holder's send_next publishes
+            (gate.id,), task_id=ran.id, headers={**slot(1), WAITED_HEADER: True}
+        )
+        wait_until(
+            lambda: f"{task.name}[{ran.id}]: locked" in worker.log_text(),
+            timeout=DEADLINE,
+            message="the copy skipped as locked",
+        )
+        during = AsyncResult(ran.id, app=testapp.app).state
+    token = ran.get(timeout=DEADLINE)
+
+    assert SKIPPED != during
+    assert [token] == [row["token"] for row in executions(pg_dsn, pglock_schema)]
 
 
 def test_a_waiting_slot_outlives_the_worker_that_received_it(

@@ -55,7 +55,11 @@ TRACK_EVERY = 2.0  # seconds between two records of the processes' children
 # its ledger row stays `scheduled`, which is the truth: sent, never started.
 LOST_IN_TRANSIT = 1.0
 PENDING = re.compile(r"^(?P<lock>\S+) (?P<slot>\S+) (?P<task_id>[0-9a-f-]{36}): PENDING$")
-ONE_SECOND_ENTRIES = {name for name, (_, every) in chaosapp.ENTRIES.items() if every == 1.0}
+ONE_SECOND_ENTRIES = {
+    name
+    for name, (_, every) in chaosapp.ENTRIES.items()
+    if every == 1.0 and name not in chaosapp.BUFFERED_ENTRIES
+}
 
 
 @dataclass

@@ -6,9 +6,10 @@ from the same environment (``TEST_SCHEMA``, ``TEST_NAMESPACE``, ``TEST_ACKS_LATE
 
 - beat entries ``short`` (``pglock_coalesce="all"``: a late slot still runs) and ``writer``
   (beat's default, ``latest``: a late slot is superseded once a newer one succeeded) every
-  second, ``long`` every 2 s (its body outlasts its 3-s lease, kept by the heartbeat), and
+  second, ``long`` every 2 s (its body outlasts its 3-s lease, kept by the heartbeat),
   ``tx`` every 2 s (transaction scope, sent to ``CHAOS_TX_QUEUE`` when set: the worker
-  behind PgBouncer's transaction pooling);
+  behind PgBouncer's transaction pooling), and ``buffered`` every second (a 2.5-s body
+  under ``pglock_overlap = "buffer_one"``: the newest slot waits, kept in PostgreSQL);
 - the Redis broker's ``visibility_timeout`` is 10 s (swept every 2 s), and beat re-sends an
   unconfirmed claim after 8 s, so both recoveries happen within a campaign;
 - every message published (by beat, or a worker's retry) is appended to the Redis list
@@ -46,6 +47,7 @@ from psycopg import sql
 
 from celery_pglock import LockLost, PgLockTask, StaleToken, fence
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock.waiting import WAITED_HEADER
 from tests.apps import testapp
 from tests.apps.testapp import app
 
@@ -66,14 +68,23 @@ RECORD_RETRY = 0.2
 CONNECT_TIMEOUT = 3
 
 #: seconds each body sleeps between its two fenced writes
-BODIES = {"chaos.short": 0.1, "chaos.writer": 0.2, "chaos.long": 3.5, "chaos.tx": 0.3}
+BODIES = {
+    "chaos.short": 0.1,
+    "chaos.writer": 0.2,
+    "chaos.long": 3.5,
+    "chaos.tx": 0.3,
+    "chaos.buffered": 2.5,
+}
 #: entry name -> (task, interval in seconds)
 ENTRIES = {
     "short": ("chaos.short", 1.0),
     "writer": ("chaos.writer", 1.0),
     "long": ("chaos.long", 2.0),
     "tx": ("chaos.tx", 2.0),
+    "buffered": ("chaos.buffered", 1.0),
 }
+#: entries whose slots are superseded by design: not counted by invariant (f)
+BUFFERED_ENTRIES = frozenset({"buffered"})
 
 app.conf.update(
     # kombu 5.7 sweeps for messages past their visibility timeout every
@@ -295,6 +306,13 @@ def tx(self: Any) -> int:
     return int(self.pglock.token)
 
 
+@app.task(bind=True, base=PgLockTask, name="chaos.buffered", pglock_overlap="buffer_one")
+def buffered(self: Any) -> int:
+    """A 2.5-s body every second under ``buffer_one``: while it runs, the newest slot waits
+    (kept in PostgreSQL) and runs next; the others are ``superseded``."""
+    return run_body(self)
+
+
 _recorder: redis.Redis | None = None
 
 
@@ -312,6 +330,7 @@ def remember_published(headers: dict[str, Any] | None = None, **_: Any) -> None:
         "slot": headers.get(SLOT_HEADER),
         "entry": headers.get(ENTRY_HEADER),
         "retries": headers.get("retries") or 0,
+        "waited": bool(headers.get(WAITED_HEADER)),  # a waiting slot's message, sent again
         "pid": os.getpid(),
         "at": time.time(),
     }

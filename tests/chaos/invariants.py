@@ -281,6 +281,8 @@ def sends(
     ids: dict[tuple[str, str], set[str]] = defaultdict(set)
     senders: dict[tuple[str, str], set[int]] = defaultdict(set)
     for record in published:
+        if record.get("waited"):  # a waiting slot sent again (buffer_one): same task id
+            continue
         if record["pid"] in beat_pids and record["slot"] is not None:
             key = (record["entry"], record["slot"])
             ids[key].add(record["task_id"])

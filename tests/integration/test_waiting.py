@@ -145,3 +145,31 @@ def test_a_waiting_slot_that_never_starts_is_given_up_and_final(
     row = the_run(pg_conn, db, job, SLOTS[1])
     assert ("failed", ABANDON_PARAMS["reason"]) == (row["state"], row["reason"])
     assert [] == waiting_rows(pg_conn, db)
+
+
+D6 = (
+    "D6 (chaos seed 8383): a message that waited, replacing another, then found the lock "
+    "free and ran the slot itself never reported the replaced one: its result stayed WAITING"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=D6)
+def test_a_slot_that_replaced_another_then_ran_itself_says_whom_it_replaced(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Slot 1 waits; the holder ends (its send not yet made); slot 2 decides to wait,
+    replacing slot 1, and its second try gets the lock: it runs, and its turn still
+    names slot 1's message, so that the task marks that one SKIPPED."""
+    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    first = buffered(job, SLOTS[1])
+    assert isinstance(arrive(db, first), Waiting)
+    release(db, holder, SUCCEEDED)  # the lock is free, slot 1 still waits
+
+    turn = wait_turn(db, buffered(job, SLOTS[2]), "session", None, MESSAGE)
+
+    assert isinstance(turn.outcome, Lease)  # type: ignore[union-attr]
+    assert (SLOTS[1], first.task_id) == turn.replaced  # type: ignore[union-attr]
+    assert ("skipped", "superseded") == tuple(
+        the_run(pg_conn, db, job, SLOTS[1])[key] for key in ("state", "reason")
+    )
+    release(db, turn.outcome, SUCCEEDED)  # type: ignore[union-attr]
