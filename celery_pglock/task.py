@@ -180,7 +180,9 @@ class PgLockMixin:
             outcome = acquire(db, claim, options.scope, options.lease)
             if isinstance(outcome, Skip) and claim.buffer and outcome.reason == "locked":
                 message = self._pglock_message(args, kwargs)
-                outcome = waiting.wait_turn(db, claim, options.scope, options.lease, message)
+                turn = waiting.wait_turn(db, claim, options.scope, options.lease, message)
+                self._pglock_report_replaced(turn, claim)
+                outcome = turn.outcome
             elif claim.buffer and self._pglock_header(waiting.WAITED_HEADER):
                 waiting.forget(db, claim)  # a waiting slot's message: its turn came
         except DatabaseUnavailable as exc:
@@ -189,8 +191,15 @@ class PgLockMixin:
         if isinstance(outcome, waiting.Waiting):
             self._pglock_report_waiting(outcome)
         if isinstance(outcome, Skip):
-            self._pglock_report_skip(outcome)
+            self._pglock_report_skip(outcome, own_copy=self._pglock_own_copy(claim, outcome))
         return self._pglock_run(db, outcome, args, kwargs)
+
+    def _pglock_own_copy(self, claim: Claim, skip: Skip) -> bool:
+        """A waiting slot's copy (same task id) that finds the slot run, or running, by
+        that very task id: the run's own result is the caller's, not this skip (D6)."""
+        holder = (skip.holder or {}).get("task_id")
+        copy = claim.buffer and bool(self._pglock_header(waiting.WAITED_HEADER))
+        return copy and holder is not None and holder == self.request.id
 
     def _pglock_buffers(self, options: TaskOptions, slot: str | None) -> bool:
         """Whether this message waits its turn when the lock is held (``buffer_one``):
@@ -396,11 +405,11 @@ class PgLockMixin:
             headers[SLOT_HEADER] = checked_slot(self.name, slot)
         return headers
 
-    def _pglock_report_skip(self, skip: Skip, **extra: Any) -> NoReturn:
+    def _pglock_report_skip(self, skip: Skip, *, own_copy: bool = False, **extra: Any) -> NoReturn:
         meta = {**skip.meta(), **extra}
         if self.request.id and self.request.is_eager:
             _eager_skips[self.request.id] = meta
-        elif self.request.id:
+        elif self.request.id and not own_copy:
             self.update_state(state=SKIPPED, meta=meta)
             send_skipped(self, meta)
         signals.task_skipped.send(sender=self, reason=skip.reason, meta=meta)
@@ -423,26 +432,40 @@ class PgLockMixin:
         )
         raise Ignore()
 
+    def _pglock_report_replaced(self, turn: waiting.Turn, claim: Claim) -> None:
+        """Mark the waiting slot this message replaced ``SKIPPED`` (``superseded``)."""
+        if turn.replaced is None:
+            return
+        slot, task_id = turn.replaced
+        meta = waiting.superseded_meta(claim.lock_name, turn.replaced, claim)
+        self.backend.store_result(task_id, meta, SKIPPED)
+        logger.info(
+            "%s[%s] (slot %s) replaces the waiting slot %s [%s]: superseded",
+            self.name,
+            self.request.id,
+            claim.slot,
+            slot,
+            task_id,
+            extra={
+                "action": "pglock_task_skipped",
+                "reason": "superseded",
+                "lock": claim.lock_name,
+                "slot": slot,
+                "token": None,
+            },
+        )
+
     def _pglock_report_waiting(self, turn: waiting.Waiting) -> NoReturn:
         self.update_state(state=WAITING, meta=turn.meta())
-        if turn.replaced_task_id:
-            meta = waiting.superseded_meta(turn, self.request.id)
-            self.backend.store_result(turn.replaced_task_id, meta, SKIPPED)
         holder = turn.holder or {}
         logger.info(
-            "%s[%s] waits its turn: lock %r is held (holder %s); slot %s runs when it is freed%s",
+            "%s[%s] waits its turn: lock %r is held (holder %s); slot %s runs when it is freed",
             self.name,
             self.request.id,
             turn.lock,
             holder.get("task_id"),
             turn.slot,
-            f", and replaces the waiting slot {turn.replaced}" if turn.replaced else "",
-            extra={
-                "action": "pglock_task_waiting",
-                "lock": turn.lock,
-                "slot": turn.slot,
-                "replaced": turn.replaced,
-            },
+            extra={"action": "pglock_task_waiting", "lock": turn.lock, "slot": turn.slot},
         )
         raise Ignore()
 

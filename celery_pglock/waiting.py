@@ -50,11 +50,19 @@ class Waiting:
     lock: str
     slot: str
     holder: dict[str, Any] | None
-    replaced: str | None  # the slot that waited before, now superseded
-    replaced_task_id: str | None
 
     def meta(self) -> dict[str, Any]:
         return {"lock": self.lock, "slot": self.slot, "holder": self.holder}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What ``wait_turn`` decided, and the waiting slot it replaced (``superseded``) on the
+    way: reported whatever the outcome, since the message that replaced it may then have
+    found the lock free and run (D6)."""
+
+    outcome: Lease | Skip | Waiting
+    replaced: tuple[str, str] | None = None  # (slot, task id)
 
 
 @dataclass(frozen=True)
@@ -78,23 +86,32 @@ class Message:
 
 def wait_turn(
     db: Database, claim: Claim, scope: Scope, lease: float | None, message: Message
-) -> Lease | Skip | Waiting:
+) -> Turn:
     """``claim`` found its lock held: wait (the slot runs next), or say why not."""
     outcome, other_slot, other_task = _decide(db, claim, message)
     if outcome == "taken":  # its slot ran or runs: skipped as usual (`done`, `locked`)
-        return acquire(db, dataclasses.replace(claim, buffer=False), scope, lease)
+        return Turn(acquire(db, dataclasses.replace(claim, buffer=False), scope, lease))
     if outcome == "superseded":
         holder = {"task_id": other_task, "slot": other_slot}
-        return Skip("superseded", claim.lock_name, claim.slot, holder, None)
-    replaced = (other_slot, other_task) if other_slot != claim.slot else (None, None)
-    again = acquire(db, claim, scope, lease)  # the holder may have ended meanwhile
+        return Turn(Skip("superseded", claim.lock_name, claim.slot, holder, None))
+    replaced = None
+    if other_slot is not None and other_task is not None and other_slot != claim.slot:
+        replaced = (other_slot, other_task)
+    return Turn(_try_again(db, claim, scope, lease), replaced)
+
+
+def _try_again(
+    db: Database, claim: Claim, scope: Scope, lease: float | None
+) -> Lease | Skip | Waiting:
+    """Waiting is recorded; the holder may have ended meanwhile: try the lock once more."""
+    again = acquire(db, claim, scope, lease)
     if isinstance(again, Lease):
         return again if forget(db, again.claim) else _superseded_meanwhile(db, again)
     if again.reason != "locked":
         forget(db, claim)
         return again
     assert claim.slot is not None
-    return Waiting(claim.lock_name, claim.slot, again.holder, *replaced)
+    return Waiting(claim.lock_name, claim.slot, again.holder)
 
 
 def _decide(db: Database, claim: Claim, message: Message) -> tuple[str, str | None, str | None]:
@@ -203,13 +220,14 @@ def _publish(app: Any, row: tuple[Any, ...], why: str) -> None:
     )
 
 
-def superseded_meta(waiting: Waiting, task_id: str | None) -> dict[str, Any]:
-    """The ``SKIPPED`` meta of the slot that ``waiting`` replaced (``replaced``)."""
+def superseded_meta(lock: str, replaced: tuple[str, str], by: Claim) -> dict[str, Any]:
+    """The ``SKIPPED`` meta of the waiting slot ``replaced`` (slot, task id), replaced by
+    the message of ``by``."""
     return {
         "reason": "superseded",
-        "lock": waiting.lock,
-        "slot": waiting.replaced,
-        "holder": {"task_id": task_id, "slot": waiting.slot},
+        "lock": lock,
+        "slot": replaced[0],
+        "holder": {"task_id": by.task_id, "slot": by.slot},
         "token": None,
     }
 
@@ -217,6 +235,7 @@ def superseded_meta(waiting: Waiting, task_id: str | None) -> dict[str, Any]:
 __all__ = [
     "WAITED_HEADER",
     "Message",
+    "Turn",
     "Waiting",
     "forget",
     "report_abandoned",

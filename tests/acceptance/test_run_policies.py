@@ -121,18 +121,13 @@ def test_buffer_one_keeps_the_newest_slot_and_runs_it_after_the_holder(
     assert [] == waiting_rows(pg_dsn, pglock_schema)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="D6 (chaos seed 8383): the copy of a waiting slot, sent while that slot's own "
-    "message ran it, skipped as locked and set that running message's result to SKIPPED",
-)
 def test_a_copy_of_a_slot_its_own_message_runs_leaves_its_result_alone(
     redis_url: str, pg_dsn: str, pglock_schema: str, procs: Procs
 ) -> None:
-    """A waiting slot's message may take the lock itself while the holder, just freed,
-    sends its copy (same task id, ``pglock_waited``): the copy then finds the slot run by
-    that very task id. Its skip must not make the caller's result SKIPPED (ready) while
-    the run goes on; the run's SUCCESS is what the caller gets."""
+    """D6 (chaos seed 8383). A waiting slot's message may take the lock itself while the
+    holder, just freed, sends its copy (same task id, ``pglock_waited``): the copy then
+    finds the slot run by that very task id. Its skip must not make the caller's result
+    SKIPPED (ready) while the run goes on; the run's SUCCESS is what the caller gets."""
     env = redis_app_env(pg_dsn=pg_dsn, schema=pglock_schema, redis_url=redis_url)
     configure_client(env)
     [worker] = start_workers(procs, env, 1, concurrency=2)

@@ -15,8 +15,8 @@ from celery_pglock.db import Database
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.waiting import ABANDON_PARAMS, MAX_SENDS, Message, Waiting, wait_turn
-from tests.integration.locking import Conn, claim, granted, open_database, skip_rows, the_run
+from celery_pglock.waiting import ABANDON_PARAMS, MAX_SENDS, Message, Turn, Waiting, wait_turn
+from tests.integration.locking import Conn, claim, open_database, skip_rows, the_run
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +34,18 @@ def buffered(name: str, slot: str) -> Claim:
     return dataclasses.replace(claim(name, slot), buffer=True)
 
 
-def arrive(db: Database, attempt: Claim) -> Lease | Skip | Waiting:
+def arrive(db: Database, attempt: Claim) -> Turn:
     """What the task does: acquire; if `locked`, wait its turn."""
     outcome = acquire(db, attempt, "session", None)
     if isinstance(outcome, Skip) and outcome.reason == "locked":
         return wait_turn(db, attempt, "session", None, MESSAGE)
-    return outcome
+    return Turn(outcome)
+
+
+def holding(turn: Turn) -> Lease:
+    """The lease of a turn that got the lock."""
+    assert isinstance(turn.outcome, Lease), f"expected the lock, got {turn.outcome!r}"
+    return turn.outcome
 
 
 def waiting_rows(conn: Conn, db: Database) -> list[dict[str, Any]]:
@@ -53,12 +59,13 @@ def test_the_newest_slot_waits_and_replaces_the_one_before(
 ) -> None:
     """Slots 1, 2, 3 arrive while 0 runs: each waits and supersedes the one before; the
     ledger says so, the skip log names the replacing message, a `locked` try is not logged."""
-    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
     attempts = [buffered(job, slot) for slot in SLOTS[1:4]]
     turns = [arrive(db, attempt) for attempt in attempts]
 
-    assert all(isinstance(turn, Waiting) for turn in turns)
-    assert [None, SLOTS[1], SLOTS[2]] == [turn.replaced for turn in turns]  # type: ignore[union-attr]
+    assert all(isinstance(turn.outcome, Waiting) for turn in turns)
+    replaced = [turn.replaced for turn in turns]
+    assert [None, (SLOTS[1], attempts[0].task_id), (SLOTS[2], attempts[1].task_id)] == replaced
     states = [the_run(pg_conn, db, job, slot)["state"] for slot in SLOTS[1:4]]
     assert ["skipped", "skipped", "waiting"] == states
     skips = [(s["slot"], s["reason"], s["holder_task_id"]) for s in skip_rows(pg_conn, db, job)]
@@ -74,11 +81,11 @@ def test_the_newest_slot_waits_and_replaces_the_one_before(
 def test_an_older_time_slot_never_replaces_a_newer_waiting_one(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
-    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
     newer = buffered(job, SLOTS[3])
-    assert isinstance(arrive(db, newer), Waiting)
+    assert isinstance(arrive(db, newer).outcome, Waiting)
 
-    older = arrive(db, buffered(job, SLOTS[1]))
+    older = arrive(db, buffered(job, SLOTS[1])).outcome
 
     assert isinstance(older, Skip)
     assert ("superseded", newer.task_id) == (older.reason, (older.holder or {})["task_id"])
@@ -95,7 +102,7 @@ def test_a_lock_freed_while_the_slot_decided_to_wait_runs_it_at_once(
 
     turn = wait_turn(db, attempt, "session", None, MESSAGE)  # the lock is free
 
-    lease = granted(turn)  # type: ignore[arg-type]
+    lease = holding(turn)
     assert [] == waiting_rows(pg_conn, db)
     assert "running" == the_run(pg_conn, db, job, SLOTS[1])["state"]
     release(db, lease, SUCCEEDED)
@@ -105,12 +112,12 @@ def test_messages_that_wait_at_once_leave_one_waiting_slot(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
     """Eight messages decide at once: one waits, seven are superseded, none is lost."""
-    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
     attempts = [buffered(job, f"business-key-{n}") for n in range(8)]
     turns: list[Any] = [None] * len(attempts)
 
     def decide(number: int) -> None:
-        turns[number] = arrive(db, attempts[number])
+        turns[number] = arrive(db, attempts[number]).outcome
 
     threads = [threading.Thread(target=decide, args=(n,)) for n in range(len(attempts))]
     for thread in threads:
@@ -131,8 +138,8 @@ def test_a_waiting_slot_that_never_starts_is_given_up_and_final(
 ) -> None:
     """Sent 10 times, never started (its task registered nowhere): the sweep gives it up,
     its ledger row becomes `failed`, final."""
-    holder = granted(arrive(db, buffered(job, SLOTS[0])))
-    assert isinstance(arrive(db, buffered(job, SLOTS[1])), Waiting)
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
+    assert isinstance(arrive(db, buffered(job, SLOTS[1])).outcome, Waiting)
     release(db, holder, SUCCEEDED)
     stale = db.tables.render(
         "UPDATE {waiting} SET sends = %(n)s, sent_at = now() - interval '1 hour'"
@@ -147,29 +154,23 @@ def test_a_waiting_slot_that_never_starts_is_given_up_and_final(
     assert [] == waiting_rows(pg_conn, db)
 
 
-D6 = (
-    "D6 (chaos seed 8383): a message that waited, replacing another, then found the lock "
-    "free and ran the slot itself never reported the replaced one: its result stayed WAITING"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=D6)
 def test_a_slot_that_replaced_another_then_ran_itself_says_whom_it_replaced(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
-    """Slot 1 waits; the holder ends (its send not yet made); slot 2 decides to wait,
+    """D6 (chaos seed 8383), whose message stayed WAITING for good. Slot 1 waits; the
+    holder ends (its send not yet made); slot 2 decides to wait,
     replacing slot 1, and its second try gets the lock: it runs, and its turn still
     names slot 1's message, so that the task marks that one SKIPPED."""
-    holder = granted(arrive(db, buffered(job, SLOTS[0])))
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
     first = buffered(job, SLOTS[1])
-    assert isinstance(arrive(db, first), Waiting)
+    assert isinstance(arrive(db, first).outcome, Waiting)
     release(db, holder, SUCCEEDED)  # the lock is free, slot 1 still waits
 
     turn = wait_turn(db, buffered(job, SLOTS[2]), "session", None, MESSAGE)
 
-    assert isinstance(turn.outcome, Lease)  # type: ignore[union-attr]
-    assert (SLOTS[1], first.task_id) == turn.replaced  # type: ignore[union-attr]
+    assert isinstance(turn.outcome, Lease)
+    assert (SLOTS[1], first.task_id) == turn.replaced
     assert ("skipped", "superseded") == tuple(
         the_run(pg_conn, db, job, SLOTS[1])[key] for key in ("state", "reason")
     )
-    release(db, turn.outcome, SUCCEEDED)  # type: ignore[union-attr]
+    release(db, turn.outcome, SUCCEEDED)
