@@ -174,3 +174,28 @@ def test_a_slot_that_replaced_another_then_ran_itself_says_whom_it_replaced(
         the_run(pg_conn, db, job, SLOTS[1])[key] for key in ("state", "reason")
     )
     release(db, turn.outcome, SUCCEEDED)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="D7 (chaos seed 8383, run again): a retry of a waiting slot's own message ran it "
+    "while its waiting row stayed; the next slot replaced that row and marked the running "
+    "message SKIPPED",
+)
+def test_a_waiting_slot_whose_own_message_runs_it_is_not_reported_replaced(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """Slot 1 waits; its message comes back (a retry, not the copy) and runs once the lock
+    is free; slot 2 then waits: slot 1 runs, it is not superseded."""
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
+    first = buffered(job, SLOTS[1])
+    assert isinstance(arrive(db, first).outcome, Waiting)
+    release(db, holder, SUCCEEDED)
+    rerun = holding(arrive(db, first))  # its retry: same task id, no pglock_waited header
+
+    turn = arrive(db, buffered(job, SLOTS[2]))
+
+    assert isinstance(turn.outcome, Waiting)
+    assert None is turn.replaced
+    assert "running" == the_run(pg_conn, db, job, SLOTS[1])["state"]
+    release(db, rerun, SUCCEEDED)
