@@ -179,12 +179,13 @@ class PgLockMixin:
             outcome: Lease | Skip | waiting.Waiting
             outcome = acquire(db, claim, options.scope, options.lease)
             if isinstance(outcome, Skip) and claim.buffer and outcome.reason == "locked":
-                message = self._pglock_message(args, kwargs)
-                turn = waiting.wait_turn(db, claim, options.scope, options.lease, message)
-                self._pglock_report_replaced(turn, claim)
-                outcome = turn.outcome
-            elif claim.buffer and self._pglock_header(waiting.WAITED_HEADER):
-                waiting.forget(db, claim)  # a waiting slot's message: its turn came
+                decision = waiting.decide(db, claim, self._pglock_message(args, kwargs))
+                self._pglock_report_replaced(decision.replaced, claim)
+                outcome = waiting.take_turn(
+                    db, self.app, claim, decision, scope=options.scope, lease=options.lease
+                )
+            elif claim.buffer and (isinstance(outcome, Lease) or self._pglock_copy()):
+                waiting.forget(db, claim)  # its slot runs, or was skipped: it waits no more
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
         _outage.succeeded()
@@ -198,8 +199,12 @@ class PgLockMixin:
         """A waiting slot's copy (same task id) that finds the slot run, or running, by
         that very task id: the run's own result is the caller's, not this skip (D6)."""
         holder = (skip.holder or {}).get("task_id")
-        copy = claim.buffer and bool(self._pglock_header(waiting.WAITED_HEADER))
+        copy = claim.buffer and self._pglock_copy()
         return copy and holder is not None and holder == self.request.id
+
+    def _pglock_copy(self) -> bool:
+        """Whether this message is a waiting slot's, sent again when its turn came."""
+        return bool(self._pglock_header(waiting.WAITED_HEADER))
 
     def _pglock_buffers(self, options: TaskOptions, slot: str | None) -> bool:
         """Whether this message waits its turn when the lock is held (``buffer_one``):
@@ -226,6 +231,7 @@ class PgLockMixin:
             result = self._pglock_body(args, kwargs)
         except TaskSkipped as skipped:
             self._pglock_finish(db, lease, SUCCEEDED, f"skipped by the task: {skipped.reason}")
+            self._pglock_freed(db, lease)
             self._pglock_report_skip(
                 Skip(skipped.reason, lease.lock, lease.slot, None, lease.token), **skipped.meta
             )
@@ -432,13 +438,20 @@ class PgLockMixin:
         )
         raise Ignore()
 
-    def _pglock_report_replaced(self, turn: waiting.Turn, claim: Claim) -> None:
+    def _pglock_report_replaced(self, replaced: tuple[str, str] | None, claim: Claim) -> None:
         """Mark the waiting slot this message replaced ``SKIPPED`` (``superseded``)."""
-        if turn.replaced is None:
+        if replaced is None:
             return
-        slot, task_id = turn.replaced
-        meta = waiting.superseded_meta(claim.lock_name, turn.replaced, claim)
-        self.backend.store_result(task_id, meta, SKIPPED)
+        slot, task_id = replaced
+        meta = waiting.superseded_meta(claim.lock_name, replaced, claim)
+        try:
+            self.backend.store_result(task_id, meta, SKIPPED)
+        except Exception:  # the ledger and the skips table say it; the backend is down
+            logger.exception(
+                "could not store the SKIPPED state of %s",
+                task_id,
+                extra={"action": "pglock_skip_not_stored"},
+            )
         logger.info(
             "%s[%s] (slot %s) replaces the waiting slot %s [%s]: superseded",
             self.name,

@@ -1,6 +1,6 @@
 """``pglock_overlap = "buffer_one"``: one slot waits while its lock is held, then runs.
 
-A message that finds every key of its lock held is not skipped: ``wait_turn`` keeps it in
+A message that finds every key of its lock held is not skipped: ``decide`` keeps it in
 PostgreSQL (the ``waiting`` table: the task's arguments as its serializer encoded them,
 the headers that name the slot, where it was sent) and acks it, so it occupies no worker
 process while it waits and outlives any worker. At most one slot waits per lock name: a
@@ -10,10 +10,10 @@ so that its ``AsyncResult`` follows it; the beat leader sends one whose holder d
 (``send_stranded``). Each slot still runs at most once: the ledger decides as for any
 message, and a copy sent twice skips as ``done`` or ``locked``.
 
-Nothing is lost on the way: a waiting slot is decided after its row is committed, and
-then the lock is tried once more. Either that try gets the lock (and runs the slot
-itself), or the holder frees it later, and the holder's look for a waiting slot comes
-after that.
+Nothing is lost on the way: a waiting slot is decided (``decide``) and its row
+committed, and then (``take_turn``) the lock is tried once more. Either that try gets the
+lock (and runs the slot itself), or the holder frees it later, and the holder's look for
+a waiting slot comes after that.
 """
 
 from __future__ import annotations
@@ -56,13 +56,23 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Turn:
-    """What ``wait_turn`` decided, and the waiting slot it replaced (``superseded``) on the
-    way: reported whatever the outcome, since the message that replaced it may then have
-    found the lock free and run (D6)."""
+class Decision:
+    """What ``decide`` committed for a message that found its lock held: ``waiting`` (it
+    waits), ``superseded`` (a newer time slot waits) or ``taken`` (its slot succeeded, or
+    a live session runs it); and the slot that waited before it."""
 
-    outcome: Lease | Skip | Waiting
-    replaced: tuple[str, str] | None = None  # (slot, task id)
+    outcome: str
+    other_slot: str | None
+    other_task_id: str | None
+    replaced_waiting: bool  # that slot still waited, and is now `superseded`
+
+    @property
+    def replaced(self) -> tuple[str, str] | None:
+        """(slot, task id) of the waiting slot this message replaced, to report at once:
+        whatever happens to this message next (D6, D7), that one no longer runs."""
+        if not self.replaced_waiting or self.other_slot is None or self.other_task_id is None:
+            return None
+        return self.other_slot, self.other_task_id
 
 
 @dataclass(frozen=True)
@@ -84,37 +94,9 @@ class Message:
         return {"body": data, "content_type": content_type, "content_encoding": content_encoding}
 
 
-def wait_turn(
-    db: Database, claim: Claim, scope: Scope, lease: float | None, message: Message
-) -> Turn:
-    """``claim`` found its lock held: wait (the slot runs next), or say why not."""
-    outcome, other_slot, other_task = _decide(db, claim, message)
-    if outcome == "taken":  # its slot ran or runs: skipped as usual (`done`, `locked`)
-        return Turn(acquire(db, dataclasses.replace(claim, buffer=False), scope, lease))
-    if outcome == "superseded":
-        holder = {"task_id": other_task, "slot": other_slot}
-        return Turn(Skip("superseded", claim.lock_name, claim.slot, holder, None))
-    replaced = None
-    if other_slot is not None and other_task is not None and other_slot != claim.slot:
-        replaced = (other_slot, other_task)
-    return Turn(_try_again(db, claim, scope, lease), replaced)
-
-
-def _try_again(
-    db: Database, claim: Claim, scope: Scope, lease: float | None
-) -> Lease | Skip | Waiting:
-    """Waiting is recorded; the holder may have ended meanwhile: try the lock once more."""
-    again = acquire(db, claim, scope, lease)
-    if isinstance(again, Lease):
-        return again if forget(db, again.claim) else _superseded_meanwhile(db, again)
-    if again.reason != "locked":
-        forget(db, claim)
-        return again
-    assert claim.slot is not None
-    return Waiting(claim.lock_name, claim.slot, again.holder)
-
-
-def _decide(db: Database, claim: Claim, message: Message) -> tuple[str, str | None, str | None]:
+def decide(db: Database, claim: Claim, message: Message) -> Decision:
+    """``claim`` found its lock held: wait, or not (committed, one message at a time per
+    lock name). The caller reports ``replaced``, then takes its turn (``take_turn``)."""
     first, second = waiting_lock(claim.lock_name)
     params = {
         **claim.params(),
@@ -130,12 +112,41 @@ def _decide(db: Database, claim: Claim, message: Message) -> tuple[str, str | No
         conn.execute(db.tables.query("lock_waiting"), params)
         row = conn.execute(db.tables.query("wait_turn"), params).fetchone()
     assert row is not None
-    return row[0], row[1], row[2]
+    return Decision(*row)
 
 
-def _superseded_meanwhile(db: Database, lease: Lease) -> Skip:
-    """The lock came free after we waited, but a newer slot replaced ours in between."""
+def take_turn(
+    db: Database, app: Any, claim: Claim, decision: Decision, *, scope: Scope, lease: float | None
+) -> Lease | Skip | Waiting:
+    """What ``decision`` means for ``claim``: a ``Lease`` (the lock came free: run it), a
+    ``Skip``, or ``Waiting``."""
+    if decision.outcome == "taken":  # its slot ran or runs: skipped as usual
+        return acquire(db, dataclasses.replace(claim, buffer=False), scope, lease)
+    if decision.outcome == "superseded":
+        holder = {"task_id": decision.other_task_id, "slot": decision.other_slot}
+        return Skip("superseded", claim.lock_name, claim.slot, holder, None)
+    return _try_again(db, app, claim, scope, lease)
+
+
+def _try_again(
+    db: Database, app: Any, claim: Claim, scope: Scope, lease: float | None
+) -> Lease | Skip | Waiting:
+    """Waiting is recorded; the holder may have ended meanwhile: try the lock once more."""
+    again = acquire(db, claim, scope, lease)
+    if isinstance(again, Lease):
+        return again if forget(db, again.claim) else _superseded_meanwhile(db, app, again)
+    if again.reason != "locked":
+        forget(db, claim)
+        return again
+    assert claim.slot is not None
+    return Waiting(claim.lock_name, claim.slot, again.holder)
+
+
+def _superseded_meanwhile(db: Database, app: Any, lease: Lease) -> Skip:
+    """The lock came free after we waited, but a newer slot replaced ours in between: it
+    is that one's turn."""
     release(db, lease, "skipped", "superseded")
+    send_next(db, app, lease.lock)
     return Skip("superseded", lease.lock, lease.slot, None, lease.token)
 
 
@@ -234,13 +245,14 @@ def superseded_meta(lock: str, replaced: tuple[str, str], by: Claim) -> dict[str
 
 __all__ = [
     "WAITED_HEADER",
+    "Decision",
     "Message",
-    "Turn",
     "Waiting",
+    "decide",
     "forget",
     "report_abandoned",
     "send_next",
     "send_stranded",
     "superseded_meta",
-    "wait_turn",
+    "take_turn",
 ]

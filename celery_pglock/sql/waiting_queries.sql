@@ -11,7 +11,8 @@ SELECT pg_advisory_xact_lock(%(waiting_lock_1)s, %(waiting_lock_2)s);
 -- A message found every key of its lock held: wait, or not. `taken`: its slot succeeded
 -- or a live session runs it (the caller skips it as `done` or `locked`); `superseded`: a
 -- newer time slot already waits; else it waits, replacing (and skipping as `superseded`)
--- the slot that waited before it. Returns the outcome and the other waiting slot.
+-- the slot that waited before it. Returns the outcome, the other waiting slot, and
+-- whether that one was still waiting (and is now superseded).
 WITH current AS (
     SELECT slot, task_id FROM {waiting} WHERE lock_name = %(lock_name)s
 ), run AS (
@@ -58,16 +59,19 @@ WITH current AS (
             updated_at = now(), entry = coalesce(r.entry, EXCLUDED.entry)
         WHERE r.state NOT IN ('succeeded', 'running')
 ), replaced AS (
+    -- Only a slot that still waits: its own message may have come back (a retry) and run
+    -- it since, leaving the waiting row behind (D7); a running slot is not superseded.
     UPDATE {runs} r
        SET state = 'skipped', reason = 'superseded', finished_at = now(), updated_at = now()
       FROM current c, decided d
      WHERE d.outcome = 'waiting' AND r.lock_name = %(lock_name)s AND r.slot = c.slot
        AND c.slot <> %(slot)s AND r.state = 'waiting'
+    RETURNING r.slot, c.task_id
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
-    SELECT %(lock_name)s, c.slot, 'superseded', c.task_id, %(task_name)s, %(host)s, %(pid)s,
+    SELECT %(lock_name)s, x.slot, 'superseded', x.task_id, %(task_name)s, %(host)s, %(pid)s,
            %(task_id)s
-      FROM current c, decided d WHERE d.outcome = 'waiting' AND c.slot <> %(slot)s
+      FROM replaced x
     UNION ALL
     SELECT %(lock_name)s, %(slot)s, 'superseded', %(task_id)s, %(task_name)s, %(host)s,
            %(pid)s, c.task_id
@@ -80,7 +84,8 @@ WITH current AS (
      WHERE d.outcome = 'superseded' AND r.lock_name = %(lock_name)s AND r.slot = %(slot)s
        AND r.state IN ('scheduled', 'waiting')
 )
-SELECT d.outcome, c.slot AS other_slot, c.task_id AS other_task_id
+SELECT d.outcome, c.slot AS other_slot, c.task_id AS other_task_id,
+       EXISTS (SELECT 1 FROM replaced) AS replaced_waiting
   FROM decided d LEFT JOIN current c ON true;
 
 -- name: send_waiting

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from celery import Celery
 from psycopg.rows import dict_row
 
 from celery_pglock.config import Settings
@@ -15,13 +17,23 @@ from celery_pglock.db import Database
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.waiting import ABANDON_PARAMS, MAX_SENDS, Message, Turn, Waiting, wait_turn
+from celery_pglock.waiting import (
+    ABANDON_PARAMS,
+    MAX_SENDS,
+    Message,
+    Waiting,
+    decide,
+    forget,
+    take_turn,
+)
 from tests.integration.locking import Conn, claim, open_database, skip_rows, the_run
 
 pytestmark = pytest.mark.integration
 
 SLOTS = [f"2026-11-29T18:0{i}:00Z" for i in range(5)]
 MESSAGE = Message("tests.locked", [1, "a"], {"k": 2}, "json", "celery", "celery")
+# A real Celery app on kombu's in-memory transport: where a holder's send goes here.
+APP = Celery("waiting-tests", broker="memory://", set_as_current=False)
 
 
 @pytest.fixture
@@ -34,11 +46,29 @@ def buffered(name: str, slot: str) -> Claim:
     return dataclasses.replace(claim(name, slot), buffer=True)
 
 
+@dataclass(frozen=True)
+class Turn:
+    """What the task's path came to, and the waiting slot it replaced."""
+
+    outcome: Lease | Skip | Waiting
+    replaced: tuple[str, str] | None = None
+
+
+def wait_turn(db: Database, attempt: Claim) -> Turn:
+    """The task's path for a message that found its lock held: decide, then take its turn."""
+    decision = decide(db, attempt, MESSAGE)
+    outcome = take_turn(db, APP, attempt, decision, scope="session", lease=None)
+    return Turn(outcome, decision.replaced)
+
+
 def arrive(db: Database, attempt: Claim) -> Turn:
-    """What the task does: acquire; if `locked`, wait its turn."""
+    """What the task does: acquire; if `locked`, wait its turn; if granted, the slot
+    waits no more."""
     outcome = acquire(db, attempt, "session", None)
     if isinstance(outcome, Skip) and outcome.reason == "locked":
-        return wait_turn(db, attempt, "session", None, MESSAGE)
+        return wait_turn(db, attempt)
+    if isinstance(outcome, Lease):
+        forget(db, attempt)
     return Turn(outcome)
 
 
@@ -100,7 +130,7 @@ def test_a_lock_freed_while_the_slot_decided_to_wait_runs_it_at_once(
     try gets the lock, takes its row back and runs (nothing waits on a free lock)."""
     attempt = buffered(job, SLOTS[1])
 
-    turn = wait_turn(db, attempt, "session", None, MESSAGE)  # the lock is free
+    turn = wait_turn(db, attempt)  # the lock is free
 
     lease = holding(turn)
     assert [] == waiting_rows(pg_conn, db)
@@ -166,7 +196,7 @@ def test_a_slot_that_replaced_another_then_ran_itself_says_whom_it_replaced(
     assert isinstance(arrive(db, first).outcome, Waiting)
     release(db, holder, SUCCEEDED)  # the lock is free, slot 1 still waits
 
-    turn = wait_turn(db, buffered(job, SLOTS[2]), "session", None, MESSAGE)
+    turn = wait_turn(db, buffered(job, SLOTS[2]))
 
     assert isinstance(turn.outcome, Lease)
     assert (SLOTS[1], first.task_id) == turn.replaced
@@ -176,17 +206,12 @@ def test_a_slot_that_replaced_another_then_ran_itself_says_whom_it_replaced(
     release(db, turn.outcome, SUCCEEDED)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="D7 (chaos seed 8383, run again): a retry of a waiting slot's own message ran it "
-    "while its waiting row stayed; the next slot replaced that row and marked the running "
-    "message SKIPPED",
-)
 def test_a_waiting_slot_whose_own_message_runs_it_is_not_reported_replaced(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
-    """Slot 1 waits; its message comes back (a retry, not the copy) and runs once the lock
-    is free; slot 2 then waits: slot 1 runs, it is not superseded."""
+    """D7 (chaos seed 8383, run again). Slot 1 waits; its message comes back (a retry, not
+    the copy) and runs once the lock is free; slot 2 then waits: slot 1 runs, it is not
+    superseded, and nobody marks its message SKIPPED."""
     holder = holding(arrive(db, buffered(job, SLOTS[0])))
     first = buffered(job, SLOTS[1])
     assert isinstance(arrive(db, first).outcome, Waiting)
