@@ -271,3 +271,22 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def empty_broker(default: str) -> str:
+    """``BENCH_BROKER_URL`` (else ``default``); refuses one that holds keys (we empty it)."""
+    broker = os.environ.get("BENCH_BROKER_URL") or default
+    if redis.Redis.from_url(broker).dbsize():
+        raise SystemExit(f"{broker} is not empty: choose an empty database (BENCH_BROKER_URL)")
+    return broker
+
+
+def replace_section(text: str, title: str, lines: Sequence[str]) -> str:
+    """``text`` (a markdown page) with its ``## title`` section replaced by ``lines``, or
+    with the section added at the end."""
+    heading = f"## {title}"
+    body = "\n".join([heading, "", *lines, ""])
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        return pattern.sub(lambda _: body + "\n", text)
+    return text + "\n" + body

@@ -35,7 +35,6 @@ import math
 import os
 import platform
 import random
-import re
 import shutil
 import statistics
 import tempfile
@@ -487,11 +486,7 @@ def machine(broker: str, load: common.LoadWindow) -> str:
 
 def write(lines: list[str], new_targets: list[Target]) -> None:
     """Replace (or add) this section and its rows of the targets table in the docs."""
-    text = DOCS.read_text()
-    heading = f"## {TITLE}"
-    body = "\n".join([heading, "", *lines, ""])
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text + "\n" + body
+    text = common.replace_section(DOCS.read_text(), TITLE, lines)
     kept = [line for line in text.splitlines() if not line.startswith("| 9. ")]
     rows = [f"| {' | '.join(t.row())} |" for t in new_targets]
     start = kept.index("| measure | target | result |  |")
@@ -505,9 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
-    broker = os.environ.get("BENCH_BROKER_URL") or DEFAULT_BROKER
-    if redis.Redis.from_url(broker).dbsize():
-        raise SystemExit(f"{broker} is not empty: choose an empty database (BENCH_BROKER_URL)")
+    broker = common.empty_broker(DEFAULT_BROKER)
     log_root = Path(tempfile.mkdtemp(prefix="pg_failover-"))
     load, started = common.LoadWindow(), time.monotonic()
     try:
