@@ -67,6 +67,19 @@ def status_text(env: dict[str, str]) -> str:
     return done.stdout
 
 
+def one_runs_one_waits(
+    gate: Gate, dsn: str, schema: str
+) -> tuple[dict[str, Any], AsyncResult[Any]]:
+    """Slot 0 of ``gated_buffered`` runs, held at ``gate``; slot 1 arrives and waits:
+    slot 0's execution row and slot 1's result."""
+    task = testapp.gated_buffered
+    task.apply_async((gate.id,), headers=slot(0))
+    [run] = wait_until(lambda: executions(dsn, schema), timeout=DEADLINE, message="slot 0")
+    waiting = task.apply_async((gate.id,), headers=slot(1))
+    state_is(waiting, WAITING)
+    return run, waiting
+
+
 def most_at_once(runs: list[dict[str, Any]]) -> int:
     """The most executions that overlapped in time (started before another finished)."""
     edges: list[tuple[datetime, int]] = []
@@ -159,15 +172,9 @@ def test_a_waiting_slot_outlives_the_worker_that_received_it(
     env = redis_app_env(pg_dsn=pg_dsn, schema=pglock_schema, redis_url=redis_url, TEST_ACKS_LATE=1)
     configure_client(env)
     holder_worker, other = start_workers(procs, env, 2, concurrency=1)
-    task = testapp.gated_buffered
 
     with Gate(pg_dsn) as gate:
-        task.apply_async((gate.id,), headers=slot(0))
-        [run] = wait_until(
-            lambda: executions(pg_dsn, pglock_schema), timeout=DEADLINE, message="slot 0"
-        )
-        waiting = task.apply_async((gate.id,), headers=slot(1))
-        state_is(waiting, WAITING)
+        run, waiting = one_runs_one_waits(gate, pg_dsn, pglock_schema)
         holder, receiver = (holder_worker, other)
         if run["pid"] not in holder.children():
             holder, receiver = receiver, holder
@@ -188,15 +195,9 @@ def test_the_beat_leader_sends_a_waiting_slot_whose_holder_died(
     configure_client(env)
     [worker] = start_workers(procs, env, 1, concurrency=2)
     procs.celery(APP, "beat", "-l", "info", env=env, name="beat")
-    task = testapp.gated_buffered
 
     with Gate(pg_dsn) as gate:
-        task.apply_async((gate.id,), headers=slot(0))
-        [run] = wait_until(
-            lambda: executions(pg_dsn, pglock_schema), timeout=DEADLINE, message="slot 0"
-        )
-        waiting = task.apply_async((gate.id,), headers=slot(1))
-        state_is(waiting, WAITING)
+        run, waiting = one_runs_one_waits(gate, pg_dsn, pglock_schema)
         assert run["pid"] in worker.children()
         os.kill(run["pid"], signal.SIGKILL)  # the holder's pool process, as the OOM killer
         gate.open()
