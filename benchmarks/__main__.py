@@ -34,6 +34,7 @@ SECTIONS = (
     "enqueue",
     "pools",
     "pgfailover",
+    "policies",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -245,6 +246,8 @@ def run_sections(run: Run) -> None:
         run.section(
             "9. PostgreSQL failover: a promoted streaming replica", lambda: pg_failover_section(run)
         )
+    if "policies" in only:
+        run.section(policies_title(), lambda: policies_section(run))
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
@@ -291,6 +294,22 @@ def pg_failover_section(run: Run) -> tuple[list[str], list[Any]]:
 
     trials = 2 if run.args.quick else 10
     return pg_failover.bench_section(run.env["BENCH_BROKER_URL"], trials)
+
+
+def policies_title() -> str:
+    from benchmarks import policies  # noqa: PLC0415
+
+    return policies.TITLE
+
+
+def policies_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.policies``: what pglock_concurrency costs a claim, how fast a waiting
+    slot starts after its holder."""
+    from benchmarks import policies  # noqa: PLC0415
+
+    rounds, per_batch, trials = (2, 50, 5) if run.args.quick else (20, 200, 30)
+    lines = policies.measure(run.dsn, run.env["BENCH_BROKER_URL"], rounds, per_batch, trials)
+    return lines, []
 
 
 def summary(targets: list[Any], written: bool) -> str:
