@@ -18,7 +18,7 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import names, rogue, signals, waiting
+from celery_pglock import names, rogue, signals, turns, waiting
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting
 from celery_pglock.db import (
     Database,
@@ -51,7 +51,7 @@ from celery_pglock.messages import (
 )
 from celery_pglock.outage import OutageLog
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.states import SKIPPED, WAITING
+from celery_pglock.states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")
 
@@ -126,7 +126,6 @@ class PgLockMixin:
     send_event: Callable[..., None]
     retry: Callable[..., Any]
     AsyncResult: Callable[..., Any]
-    backend: Any
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -179,8 +178,8 @@ class PgLockMixin:
             outcome: Lease | Skip | waiting.Waiting
             outcome = acquire(db, claim, options.scope, options.lease)
             if isinstance(outcome, Skip) and claim.buffer and outcome.reason == "locked":
-                decision = waiting.decide(db, claim, self._pglock_message(args, kwargs))
-                self._pglock_report_replaced(decision.replaced, claim)
+                decision = waiting.decide(db, claim, turns.message_of(self, args, kwargs))
+                turns.report_replaced(self, decision.replaced, claim)
                 outcome = waiting.take_turn(
                     db, self.app, claim, decision, scope=options.scope, lease=options.lease
                 )
@@ -190,7 +189,7 @@ class PgLockMixin:
             return self._pglock_db_error(options, exc, args, kwargs)
         _outage.succeeded()
         if isinstance(outcome, waiting.Waiting):
-            self._pglock_report_waiting(outcome)
+            turns.report_waiting(self, outcome)
         if isinstance(outcome, Skip):
             self._pglock_report_skip(outcome, own_copy=self._pglock_own_copy(claim, outcome))
         return self._pglock_run(db, outcome, args, kwargs)
@@ -211,17 +210,6 @@ class PgLockMixin:
         a slotted message from a broker (an eager call has no worker to come back to)."""
         eager = self.request.called_directly or self.request.is_eager
         return options.overlap == "buffer_one" and slot is not None and not eager
-
-    def _pglock_message(self, args: Any, kwargs: Any) -> waiting.Message:
-        delivery = getattr(self.request, "delivery_info", None) or {}
-        return waiting.Message(
-            task_name=self.name,
-            args=list(args),
-            kwargs=dict(kwargs),
-            serializer=getattr(self, "serializer", None) or self.app.conf.task_serializer,
-            exchange=delivery.get("exchange"),
-            routing_key=delivery.get("routing_key"),
-        )
 
     def _pglock_run(self, db: Database, lease: Lease, args: Any, kwargs: Any) -> Any:
         signals.lock_acquired.send(sender=self, lock=lease.lock, slot=lease.slot, token=lease.token)
@@ -435,50 +423,6 @@ class PgLockMixin:
                 "slot": skip.slot,
                 "token": skip.token,
             },
-        )
-        raise Ignore()
-
-    def _pglock_report_replaced(self, replaced: tuple[str, str] | None, claim: Claim) -> None:
-        """Mark the waiting slot this message replaced ``SKIPPED`` (``superseded``)."""
-        if replaced is None:
-            return
-        slot, task_id = replaced
-        meta = waiting.superseded_meta(claim.lock_name, replaced, claim)
-        try:
-            self.backend.store_result(task_id, meta, SKIPPED)
-        except Exception:  # the ledger and the skips table say it; the backend is down
-            logger.exception(
-                "could not store the SKIPPED state of %s",
-                task_id,
-                extra={"action": "pglock_skip_not_stored"},
-            )
-        logger.info(
-            "%s[%s] (slot %s) replaces the waiting slot %s [%s]: superseded",
-            self.name,
-            self.request.id,
-            claim.slot,
-            slot,
-            task_id,
-            extra={
-                "action": "pglock_task_skipped",
-                "reason": "superseded",
-                "lock": claim.lock_name,
-                "slot": slot,
-                "token": None,
-            },
-        )
-
-    def _pglock_report_waiting(self, turn: waiting.Waiting) -> NoReturn:
-        self.update_state(state=WAITING, meta=turn.meta())
-        holder = turn.holder or {}
-        logger.info(
-            "%s[%s] waits its turn: lock %r is held (holder %s); slot %s runs when it is freed",
-            self.name,
-            self.request.id,
-            turn.lock,
-            holder.get("task_id"),
-            turn.slot,
-            extra={"action": "pglock_task_waiting", "lock": turn.lock, "slot": turn.slot},
         )
         raise Ignore()
 
