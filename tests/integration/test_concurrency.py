@@ -22,7 +22,10 @@ SLOTS = [f"2026-11-29T18:0{i}:00Z" for i in range(5)]
 
 @pytest.fixture
 def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
-    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema)) as database:
+    """Room for four leases at once: the size "auto" depends on what ran before (a worker
+    pool's size in this process)."""
+    settings = Settings(dsn=pg_dsn, schema=pglock_schema, pool_size=6)
+    with open_database(settings) as database:
         yield database
 
 

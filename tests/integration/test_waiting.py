@@ -38,7 +38,8 @@ APP = Celery("waiting-tests", broker="memory://", set_as_current=False)
 
 @pytest.fixture
 def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
-    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema)) as database:
+    # Room for eight messages deciding at once ("auto" depends on what ran before).
+    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema, pool_size=10)) as database:
         yield database
 
 
