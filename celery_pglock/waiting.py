@@ -41,6 +41,12 @@ WAITED_HEADER = "pglock_waited"
 RESEND_AFTER = 30.0  # seconds: a sent waiting message that has not started is sent again
 STRANDED_GRACE = 2.0  # seconds a waiting slot may wait on a free lock before the sweep
 STRANDED_LIMIT = 100
+MAX_SENDS = 10  # a waiting slot sent this often without starting is given up (failed)
+ABANDONED = "abandoned: its waiting message was sent 10 times and never started"
+ABANDON_PARAMS = {"max_sends": MAX_SENDS, "resend_after": RESEND_AFTER, "reason": ABANDONED}
+# The beat leader's sweep (``stranded_waiting``): waiting slots whose lock nobody holds.
+STRANDED_PARAMS = {"grace": STRANDED_GRACE, "resend_after": RESEND_AFTER, "limit": STRANDED_LIMIT}
+STRANDED = "nobody holds its lock (its holder died, or the message was lost on its way)"
 
 
 @dataclass(frozen=True)
@@ -165,15 +171,6 @@ def send_next(db: Database, app: Any, lock_name: str) -> None:
         rows = conn.execute(db.tables.query("send_waiting"), params).fetchall()
     for row in rows:
         _publish(app, row, "its lock was freed")
-
-
-MAX_SENDS = 10  # a waiting slot sent this often without starting is given up (failed)
-ABANDONED = "abandoned: its waiting message was sent 10 times and never started"
-ABANDON_PARAMS = {"max_sends": MAX_SENDS, "resend_after": RESEND_AFTER, "reason": ABANDONED}
-
-# The beat leader's sweep (``stranded_waiting``): waiting slots whose lock nobody holds.
-STRANDED_PARAMS = {"grace": STRANDED_GRACE, "resend_after": RESEND_AFTER, "limit": STRANDED_LIMIT}
-STRANDED = "nobody holds its lock (its holder died, or the message was lost on its way)"
 
 
 def send_stranded(app: Any, rows: list[tuple[Any, ...]]) -> None:
