@@ -32,7 +32,7 @@ from celery_pglock import migrations
 from celery_pglock.config import Settings
 from celery_pglock.db import Connection
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.keys import leader_lock_name, lock_key
+from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
 
@@ -122,10 +122,22 @@ def _waiter(row: Row) -> Row:
     return {**who, "scope": None, "since": None, "waiting_since": row.get("query_start")}
 
 
-def locks(conn: Connection, tables: Tables, known_names: Iterable[str] = ()) -> list[Row]:
-    """Advisory locks of this app: one dict per key with its holder and its waiters."""
-    names = sorted(set(known_names))
-    params = {"keys": [lock_key(name) for name in names], "names": names}
+def locks(
+    conn: Connection,
+    tables: Tables,
+    known_names: Iterable[str] = (),
+    limits: Mapping[str, int] | None = None,
+) -> list[Row]:
+    """Advisory locks of this app: one dict per key with its holder and its waiters.
+    ``limits``: the ``pglock_concurrency`` of known lock names, so that each of their N
+    keys is named even before a holder row of it is committed (transaction scope)."""
+    limits = limits or {}
+    named = [
+        (key, name)
+        for name in sorted(set(known_names))
+        for key in lock_keys(name, limits.get(name, 1))
+    ]
+    params = {"keys": [key for key, _ in named], "names": [name for _, name in named]}
     found: dict[int, Row] = {}
     for row in fetch(conn, tables.query("ops_locks"), params):
         entry = found.setdefault(
@@ -135,7 +147,7 @@ def locks(conn: Connection, tables: Tables, known_names: Iterable[str] = ()) -> 
                 "key": row["lock_key"],
                 "holder": None,
                 "waiters": [],
-                "concurrency": row["concurrency"] or 1,
+                "concurrency": row["concurrency"] or limits.get(row["lock_name"], 1),
             },
         )
         if row["granted"] and entry["holder"] is None:
@@ -210,12 +222,13 @@ def status(
     *,
     namespace: str,
     known_names: Iterable[str] = (),
+    limits: Mapping[str, int] | None = None,
     skips: int = 20,
 ) -> Status:
     """Held locks (without the beat leader lock), beat, running rows and recent skips."""
     require_tables(conn, tables)
     leader = leader_lock_name(namespace)
-    found = locks(conn, tables, [*known_names, leader])
+    found = locks(conn, tables, [*known_names, leader], limits)
     return Status(
         namespace=namespace,
         tables=tables,

@@ -64,8 +64,9 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
         if lock is not None:
             _one_lock_status(conn, tables, app, resolve_lock(app, lock), as_json)
             return
+        known = known_lock_names(app)
         found = ops.status(
-            conn, tables, namespace=namespace(app), known_names=known_lock_names(app), skips=skips
+            conn, tables, namespace=namespace(app), known_names=known, limits=known, skips=skips
         )
         paused = controls.pauses(conn, controls.Target(tables, found.namespace, ops.operator()))
         fresh = _freshness(app, conn)

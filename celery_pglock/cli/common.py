@@ -140,10 +140,15 @@ def registered_tasks(app: Celery) -> list[dict[str, Any]]:
     return found
 
 
-def known_lock_names(app: Celery) -> list[str]:
-    """Lock names this app's tasks use, so their locks are named even before any run."""
-    names = (task_lock_name(app, name) for name in list(app.tasks))
-    return sorted({name for name in names if name})
+def known_lock_names(app: Celery) -> dict[str, int]:
+    """Lock names this app's tasks use, so their locks are named even before any run,
+    each with its ``pglock_concurrency`` (how many keys it has)."""
+    found: dict[str, int] = {}
+    for task_name, task in list(app.tasks.items()):
+        name = task_lock_name(app, task_name)
+        if name and isinstance(task, PgLockMixin):
+            found[name] = max(found.get(name, 1), task.pglock_options().concurrency)
+    return dict(sorted(found.items()))
 
 
 def resolve_lock(app: Celery, name: str) -> str:
