@@ -45,6 +45,8 @@ WITH current AS (
             exchange = EXCLUDED.exchange, routing_key = EXCLUDED.routing_key,
             waiting_since = CASE WHEN w.slot = EXCLUDED.slot THEN w.waiting_since
                                  ELSE now() END,
+            -- a new slot starts its own count towards being given up (MAX_SENDS)
+            sends = CASE WHEN w.slot = EXCLUDED.slot THEN w.sends ELSE 0 END,
             sent_at = NULL
     RETURNING 1
 ), marked AS (

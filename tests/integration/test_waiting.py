@@ -225,3 +225,18 @@ def test_a_waiting_slot_whose_own_message_runs_it_is_not_reported_replaced(
     assert None is turn.replaced
     assert "running" == the_run(pg_conn, db, job, SLOTS[1])["state"]
     release(db, rerun, SUCCEEDED)
+
+
+def test_a_slot_that_replaces_another_starts_its_own_count_of_sends(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """The sends of a replaced slot (towards being given up) are not the new one's."""
+    holder = holding(arrive(db, buffered(job, SLOTS[0])))
+    assert isinstance(arrive(db, buffered(job, SLOTS[1])).outcome, Waiting)
+    pg_conn.execute(db.tables.render("UPDATE {waiting} SET sends = 9"))
+
+    assert isinstance(arrive(db, buffered(job, SLOTS[2])).outcome, Waiting)
+
+    [row] = waiting_rows(pg_conn, db)
+    assert (SLOTS[2], 0) == (row["slot"], row["sends"])
+    release(db, holder, SUCCEEDED)
