@@ -19,6 +19,7 @@ from celery.beat import Scheduler
 
 from celery_pglock import waiting
 from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
@@ -33,12 +34,10 @@ from celery_pglock.db import (
     translate_error,
 )
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.keys import default_lock_name, leader_lock_name, lock_key
+from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.migrations import ensure_schema
-from celery_pglock.names import lock_name
 from celery_pglock.retention import AutoPrune
-from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -154,16 +153,7 @@ class PgLockSchedulerMixin:
         self._election.start()
 
     def _lock_name(self, entry: Any) -> str:
-        """The lock name a worker will use for this entry's message, when beat can tell."""
-        task = self.app.tasks.get(entry.task)
-        if not isinstance(task, PgLockMixin):
-            return default_lock_name(self.pglock_beat.namespace, entry.task)
-        options = task.pglock_options()
-        try:
-            return lock_name(entry.task, options, entry.args or (), entry.kwargs or {})
-        except ConfigurationError:  # the worker reports it, with the message's arguments
-            logger.debug("pglock_key of %s failed in beat", entry.task, exc_info=True)
-            return default_lock_name(options.namespace, entry.task)
+        return entry_lock_name(self.app, entry)
 
     def _send(self, due: list[Due]) -> None:
         claimed = self.pglock_claims.claim(due)

@@ -15,6 +15,7 @@ from celery import Celery
 from celery.utils.imports import symbol_by_name
 
 from celery_pglock import controls, ops
+from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli.common import Refused, namespace
@@ -43,6 +44,7 @@ class Schedule:
                 "explaining entries need celery_pglock.beat:PgLockScheduler (or a scheduler "
                 "class with PgLockSchedulerMixin first)"
             )
+        self.app = app
         scheduler: Any = cls(app=app, lazy=True)
         scheduler.setup_schedule()
         self.scheduler = scheduler
@@ -58,7 +60,7 @@ class Schedule:
         raise Refused(f"no beat entry {name!r}: {hint} {', '.join(known) or '(none)'}")
 
     def lock_name(self, entry: Any) -> str:
-        return str(self.scheduler._lock_name(entry))
+        return entry_lock_name(self.app, entry)
 
 
 def setup_django() -> None:
