@@ -22,13 +22,13 @@ Scope = Literal["session", "transaction"]
 OnDbError = Literal["retry", "fail", "run"]
 Coalesce = Literal["all", "latest"]
 CatchUp = Literal["none", "latest", "all"]
-Overlap = Literal["skip", "buffer_one"]
+Overlap = Literal["skip", "buffer_one", "allow"]
 
 SCOPES: tuple[Scope, ...] = ("session", "transaction")
 ON_DB_ERROR: tuple[OnDbError, ...] = ("retry", "fail", "run")
 COALESCE: tuple[Coalesce, ...] = ("all", "latest")
 CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
-OVERLAP: tuple[Overlap, ...] = ("skip", "buffer_one")
+OVERLAP: tuple[Overlap, ...] = ("skip", "buffer_one", "allow")
 MAX_CONCURRENCY = 64  # advisory keys tried in turn per claim: keep the claim short
 
 #: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
@@ -54,8 +54,9 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_coalesce": None,  # None: "latest" for messages beat sent, "all" for the others
     "pglock_max_lateness": None,
     "pglock_check_on_enqueue": False,
-    "pglock_overlap": "skip",  # "buffer_one": one slot waits for the running one
-    "pglock_concurrency": 1,  # runs of one lock name at once
+    # Unset (None): "skip", except for the app-wide retrofit's own messages (``policy``).
+    "pglock_overlap": None,  # "skip", "buffer_one" (one slot waits) or "allow"
+    "pglock_concurrency": None,  # runs of one lock name at once (unset: 1)
     # Beat.
     "pglock_beat_leader": True,
     "pglock_beat_lease": 5.0,
@@ -69,6 +70,12 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_ledger_retention": None,
     "pglock_metrics": False,
 }
+
+#: Options that ask for overlap protection: declared on a task (or app-wide), they give
+#: every message of the task its lock name, whatever locked the task (``policy``).
+OVERLAP_OPTIONS = ("pglock_key", "pglock_overlap", "pglock_concurrency")
+#: Set on a task class that configuration locked for a whole app (``pglock_all_tasks``).
+APP_WIDE_MARK = "_pglock_app_wide"
 
 TASK_OPTIONS = (
     "pglock_key",
@@ -202,11 +209,18 @@ class TaskOptions:
     coalesce: Coalesce | None = None  # None: "latest" for beat-sent messages, else "all"
     max_lateness: float | None = None
     check_on_enqueue: bool = False
-    overlap: Overlap = "skip"
+    overlap: Overlap | None = None  # None: not asked for (``policy.overlap`` decides)
     concurrency: int = 1
+    # Locked by the app-wide retrofit (pglock_all_tasks, task_cls), asking nothing of
+    # overlap: only duplicates are skipped, and beat's slots are guarded per entry.
+    retrofit: bool = False
 
     @classmethod
-    def resolve(cls, task: Any, conf: Mapping[str, Any], app_name: str | None) -> TaskOptions:
+    def resolve(
+        cls, task: Any, conf: Mapping[str, Any], app_name: str | None, *, app_wide: bool = False
+    ) -> TaskOptions:
+        """``task``'s options; ``app_wide``: the app's configuration locked it (not a
+        ``base=`` of its own), as ``locked_app_wide`` tells for a registered task."""
         value = _task_getter(task, conf)
         scope = value("pglock_scope")
         if scope not in SCOPES:
@@ -230,9 +244,22 @@ class TaskOptions:
             coalesce=_coalesce(value("pglock_coalesce"), task.name),
             max_lateness=_max_lateness(value("pglock_max_lateness"), task.name),
             check_on_enqueue=bool(value("pglock_check_on_enqueue")),
-            overlap=_overlap(value("pglock_overlap"), task.name),
+            overlap=_overlap(value("pglock_overlap"), value("pglock_concurrency"), task.name),
             concurrency=_concurrency(value("pglock_concurrency"), task.name),
+            retrofit=app_wide and all(value(name) is None for name in OVERLAP_OPTIONS),
         )
+
+
+def locked_app_wide(task: Any) -> bool:
+    """Whether configuration locked ``task`` for its whole app: ``pglock_all_tasks``, or
+    ``Celery(task_cls=...)`` (the task's class derives from the app's ``Task``), rather
+    than a ``base=`` of its own."""
+    klass = type(task)
+    if getattr(klass, APP_WIDE_MARK, False):
+        return True
+    app = vars(klass).get("app") or vars(klass).get("_app")
+    app_task = getattr(app, "Task", None) if app is not None else None
+    return app_task is not None and app_task in klass.__bases__
 
 
 def _conf_getter(conf: Mapping[str, Any]) -> Callable[[str], Any]:
@@ -284,16 +311,24 @@ def _coalesce(policy: Any, task_name: str) -> Coalesce | None:
     )
 
 
-def _overlap(policy: Any, task_name: str) -> Overlap:
-    if policy in OVERLAP:
+def _overlap(policy: Any, concurrency: Any, task_name: str) -> Overlap | None:
+    if policy == "allow" and concurrency not in (None, 1):
+        raise ConfigurationError(
+            f"{task_name}: pglock_concurrency = {concurrency!r} limits the runs of a lock name "
+            "at once, and pglock_overlap = 'allow' sets no limit: drop one of them"
+        )
+    if policy is None or policy in OVERLAP:
         return policy  # type: ignore[no-any-return]
     raise ConfigurationError(
         f"{task_name}: pglock_overlap must be 'skip' (a slot that finds the lock held is "
-        f"skipped) or 'buffer_one' (the newest such slot waits and runs next), got {policy!r}"
+        f"skipped), 'buffer_one' (the newest such slot waits and runs next) or 'allow' "
+        f"(different slots run at once; only the same slot again is skipped), got {policy!r}"
     )
 
 
 def _concurrency(limit: Any, task_name: str) -> int:
+    if limit is None:
+        return 1
     if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_CONCURRENCY:
         return limit
     raise ConfigurationError(

@@ -10,7 +10,6 @@ look-up itself fails the message is published as if the check were off.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +18,10 @@ from celery.backends.base import DisabledBackend
 from celery.result import EagerResult
 from celery.utils import uuid
 
-from celery_pglock import signals
+from celery_pglock import policy, signals
 from celery_pglock.config import Settings
 from celery_pglock.db import database
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
-from celery_pglock.keys import lock_key
 from celery_pglock.ledger import enqueued_skip
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
@@ -32,7 +30,6 @@ from celery_pglock.messages import (
     as_headers,
     message_slot,
 )
-from celery_pglock.names import lock_name
 from celery_pglock.protocol import Claim, Skip
 from celery_pglock.states import SKIPPED
 
@@ -100,9 +97,8 @@ def _claim(
     slot = message_slot(task.name, options, headers.get(SLOT_HEADER), task_id, call)
     if slot is None:
         return None
-    name = lock_name(task.name, options, *call)
     message_id = task_id or uuid()  # the id of the SKIPPED result if not published
-    return Claim(name, lock_key(name), slot, message_id, task.name, pid=os.getpid())
+    return policy.claim(task.name, options, call, slot=slot, entry=None, task_id=message_id)
 
 
 def _report(task: Any, task_id: str, skip: Skip) -> Any:

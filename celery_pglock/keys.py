@@ -32,6 +32,13 @@ def lock_keys(name: str, concurrency: int) -> tuple[int, ...]:
     return (lock_key(name), *(_derived(f"{name}\x00{i}", 8) for i in range(1, concurrency)))
 
 
+def slot_key(name: str, slot: str) -> int:
+    """The advisory key of one slot of ``name``, when a message locks its slot alone
+    (``pglock_overlap = "allow"``): copies of the slot exclude each other, other slots
+    of the lock name run beside them."""
+    return _derived(f"{name}\x00slot-key\x00{slot}", 8)
+
+
 def slot_lock(name: str, slot: str) -> tuple[int, int]:
     """The two-int advisory key of one slot of ``name`` (under ``pglock_concurrency``)."""
     return _derived(f"{name}\x00slot\x00{slot}", 4), _derived(f"{slot}\x00{name}", 4)
@@ -62,6 +69,11 @@ def namespace(configured: str | None, app_name: str | None) -> str:
 def default_lock_name(namespace: str, task_name: str) -> str:
     """The lock name of a task that does not set ``pglock_key``."""
     return f"{namespace}:{task_name}"
+
+
+def entry_lock_name(namespace: str, task_name: str, entry: str) -> str:
+    """The lock name of a beat entry's messages when the task is locked app-wide."""
+    return f"{namespace}:{task_name}@{entry}"
 
 
 def leader_lock_name(namespace: str) -> str:

@@ -15,6 +15,9 @@ from celery_pglock.keys import check_slot
 
 SLOT_HEADER = "pglock_slot"
 ENTRY_HEADER = "pglock_entry"
+# An operator sent this slot by name (trigger, backfill, rerun): it is never superseded by
+# newer slots nor late, however old it is.
+MANUAL_HEADER = "pglock_manual"
 BUILTIN_PREFIX = "celery."  # Celery's own tasks (chord_unlock, backend_cleanup): never locked
 
 
@@ -75,6 +78,7 @@ def call_option(
 __all__ = [
     "BUILTIN_PREFIX",
     "ENTRY_HEADER",
+    "MANUAL_HEADER",
     "SLOT_HEADER",
     "as_headers",
     "call_option",

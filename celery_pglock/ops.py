@@ -147,7 +147,10 @@ def locks(
                 "key": row["lock_key"],
                 "holder": None,
                 "waiters": [],
-                "concurrency": row["concurrency"] or limits.get(row["lock_name"], 1),
+                # 0: a slot's own lock (pglock_overlap "allow"): duplicates only
+                "concurrency": limits.get(row["lock_name"], 1)
+                if row["concurrency"] is None
+                else row["concurrency"],
             },
         )
         if row["granted"] and entry["holder"] is None:

@@ -52,6 +52,9 @@ class Claim:
     # pglock_overlap = "buffer_one": a message that finds the lock held waits its turn
     # (``waiting``) instead of being skipped as ``locked``.
     buffer: bool = False
+    # pglock_overlap = "allow": ``key`` is the slot's own (``keys.slot_key``), so that only
+    # copies of this slot exclude each other; holders record concurrency 0 ("per slot").
+    per_slot: bool = False
 
     @property
     def concurrency(self) -> int:
@@ -63,7 +66,7 @@ class Claim:
         return {
             **self._identity(classid, objid),
             "keys": list(self.keys or (self.key,)),
-            "concurrency": self.concurrency,
+            "concurrency": 0 if self.per_slot else self.concurrency,
             "buffer": self.buffer,
             "slot_lock": list(slot_lock(self.lock_name, self.slot))
             if self.keys and self.slot

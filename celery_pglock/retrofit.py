@@ -23,7 +23,7 @@ from celery import _state as celery_state
 from celery import signals as celery_signals
 from celery.app.registry import TaskRegistry
 
-from celery_pglock.config import TASK_OPTIONS, enabled_setting
+from celery_pglock.config import APP_WIDE_MARK, TASK_OPTIONS, enabled_setting
 from celery_pglock.messages import BUILTIN_PREFIX, SLOT_HEADER, checked_slot, headers_of
 from celery_pglock.task import STARTUP_STEP, PgLockMixin
 
@@ -55,7 +55,11 @@ def locked_class(cls: type) -> type:
     with _classes_lock:
         found: type | None = cls.__dict__.get(LOCKED_CLASS)
         if found is None:
-            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            namespace: dict[str, Any] = {
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                APP_WIDE_MARK: True,  # only duplicates are skipped (``policy``)
+            }
             namespace.update({a: cls.__dict__[a] for a in ROUTING_ATTRIBUTES if a in cls.__dict__})
             # The options the task was declared with (@app.task(pglock_scope=...) sets them
             # on its class): PgLockMixin, first in the bases, would hide them behind its own

@@ -1,6 +1,8 @@
 """A stock ``celery beat`` (or an old deploy) still running beside the PgLockScheduler
-replicas: its messages carry no slot, so the worker runs them with the lock only, and a
-slotted message of the same task arriving meanwhile is skipped ``locked``.
+replicas: its messages carry no slot, so nothing dedupes them: the worker runs each one
+(unlocked where the task guards no overlap of ad-hoc messages, as under
+``pglock_all_tasks``; else under the lock name, and a slotted message of the same task
+arriving meanwhile is skipped ``locked``).
 
 A worker tells: the message has no slot, its task is one a PgLockScheduler leader's entries
 send (``beat_tasks``, which the leader refreshes every minute, read here at most once a
@@ -43,9 +45,12 @@ class RogueWatch:
         self._reported: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def slotless(self, task: Any, namespace: str, db: Callable[[], Database]) -> None:
+    def slotless(
+        self, task: Any, namespace: str, db: Callable[[], Database], *, locked: bool
+    ) -> None:
         """A message of ``task`` arrived without a slot: flag it if a scheduler sends it.
-        ``db`` gives the process's ``Database``, asked for only when a look-up is due."""
+        ``db`` gives the process's ``Database``, asked for only when a look-up is due;
+        ``locked``: whether the message runs under the task's lock name."""
         if adhoc(task.request) or task.name not in self._tasks(db, namespace):
             return
         origin = str(getattr(task.request, "origin", None) or "unknown sender")
@@ -55,7 +60,7 @@ class RogueWatch:
             if now < self._reported.get(task.name, -REPORT_EVERY) + REPORT_EVERY:
                 return
             self._reported[task.name] = now
-        self._report(task.name, namespace, origin, db())
+        self._report(task.name, namespace, origin, db(), locked=locked)
 
     def _tasks(self, db: Callable[[], Database], namespace: str) -> frozenset[str]:
         now = time.monotonic()
@@ -72,14 +77,17 @@ class RogueWatch:
                 pass
         return self._scheduled
 
-    def _report(self, task_name: str, namespace: str, origin: str, db: Database) -> None:
+    def _report(
+        self, task_name: str, namespace: str, origin: str, db: Database, *, locked: bool
+    ) -> None:
         logger.warning(
             "%s: a message without a slot from %s, while a PgLockScheduler sends this task: is "
-            "a stock `celery beat` (or an old deploy) still running? Its runs are locked but "
-            "not deduplicated per slot. Mark deliberate calls with apply_async(..., "
-            "pglock_adhoc=True); this warning repeats at most hourly",
+            "a stock `celery beat` (or an old deploy) still running? Its runs are %s. Mark "
+            "deliberate calls with apply_async(..., pglock_adhoc=True); this warning repeats "
+            "at most hourly per worker process",
             task_name,
             origin,
+            "locked but not deduplicated per slot" if locked else "neither locked nor deduplicated",
             extra={"action": "pglock_rogue_scheduler", "task": task_name, "origin": origin},
         )
         params = {"namespace": namespace, "task_name": task_name, "origin": origin}

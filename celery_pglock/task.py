@@ -8,7 +8,6 @@ The tracer calls ``Task.__call__`` (not ``run``) when a class overrides it, so w
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -18,8 +17,8 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import names, rogue, signals, turns, waiting
-from celery_pglock.config import TaskOptions, app_settings, enabled_setting
+from celery_pglock import policy, rogue, signals, turns, waiting
+from celery_pglock.config import TaskOptions, app_settings, enabled_setting, locked_app_wide
 from celery_pglock.db import (
     Database,
     database,
@@ -32,7 +31,6 @@ from celery_pglock.errors import (
     TaskSkipped,
 )
 from celery_pglock.events import send_skipped
-from celery_pglock.keys import lock_key, lock_keys
 from celery_pglock.ledger import (
     FAILED,
     SUCCEEDED,
@@ -42,10 +40,10 @@ from celery_pglock.locks import abandon, acquire, record_transaction_failure, re
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
+    MANUAL_HEADER,
     SLOT_HEADER,
     as_headers,
     checked_slot,
-    coalesces,
     headers_of,
     message_slot,
 )
@@ -140,7 +138,9 @@ class PgLockMixin:
 
     def pglock_options(self) -> TaskOptions:
         if self._pglock_options is None:
-            self._pglock_options = TaskOptions.resolve(self, self.app.conf, self.app.main)
+            app = self.app
+            app_wide = locked_app_wide(self)
+            self._pglock_options = TaskOptions.resolve(self, app.conf, app.main, app_wide=app_wide)
         return self._pglock_options
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -150,29 +150,16 @@ class PgLockMixin:
             return self._pglock_body(args, kwargs)
         options = self.pglock_options()
         slot = self._pglock_slot(options, args, kwargs)
+        entry = self._pglock_header(ENTRY_HEADER)
         if slot is None:
-            self._pglock_slotless(options)
-        if slot is None and options.scheduled_only:
-            return self._pglock_body(args, kwargs)
-        name = names.lock_name(self.name, options, args, kwargs)
-        if _running.holds(name):
+            self._pglock_slotless(options, entry)
+        if not policy.locks(options, slot, entry):
+            return self._pglock_body(args, kwargs)  # distinct work: nothing to dedupe
+        claim = self._pglock_claim(options, slot, entry, (args, kwargs))
+        if _running.holds(claim.lock_name):
             # Called from inside the run that holds this lock (a task calling itself):
             # re-entrance, as a session re-enters its advisory lock, not a duplicate.
             return self._pglock_body(args, kwargs)
-        entry = self._pglock_header(ENTRY_HEADER)
-        claim = Claim(
-            lock_name=name,
-            key=lock_key(name),
-            slot=slot,
-            task_id=self.request.id,
-            task_name=self.name,
-            pid=os.getpid(),
-            entry=entry,
-            coalesce=coalesces(options, entry),
-            max_lateness=options.max_lateness,
-            keys=lock_keys(name, options.concurrency) if options.concurrency > 1 else (),
-            buffer=self._pglock_buffers(options, slot),
-        )
         try:
             db = self._pglock_database()
             outcome: Lease | Skip | waiting.Waiting
@@ -194,6 +181,22 @@ class PgLockMixin:
             self._pglock_report_skip(outcome, own_copy=self._pglock_own_copy(claim, outcome))
         return self._pglock_run(db, outcome, args, kwargs)
 
+    def _pglock_claim(
+        self, options: TaskOptions, slot: str | None, entry: str | None, call: tuple[Any, Any]
+    ) -> Claim:
+        """This message's claim, by the rule of ``policy`` (what it locks)."""
+        request = self.request
+        return policy.claim(
+            self.name,
+            options,
+            call,
+            slot=slot,
+            entry=entry,
+            task_id=request.id,
+            manual=bool(self._pglock_header(MANUAL_HEADER)),
+            eager=bool(request.called_directly or request.is_eager),
+        )
+
     def _pglock_own_copy(self, claim: Claim, skip: Skip) -> bool:
         """A waiting slot's copy (same task id) that finds the slot run, or running, by
         that very task id: the run's own result is the caller's, not this skip (D6)."""
@@ -204,12 +207,6 @@ class PgLockMixin:
     def _pglock_copy(self) -> bool:
         """Whether this message is a waiting slot's, sent again when its turn came."""
         return bool(self._pglock_header(waiting.WAITED_HEADER))
-
-    def _pglock_buffers(self, options: TaskOptions, slot: str | None) -> bool:
-        """Whether this message waits its turn when the lock is held (``buffer_one``):
-        a slotted message from a broker (an eager call has no worker to come back to)."""
-        eager = self.request.called_directly or self.request.is_eager
-        return options.overlap == "buffer_one" and slot is not None and not eager
 
     def _pglock_run(self, db: Database, lease: Lease, args: Any, kwargs: Any) -> Any:
         signals.lock_acquired.send(sender=self, lock=lease.lock, slot=lease.slot, token=lease.token)
@@ -298,18 +295,18 @@ class PgLockMixin:
         slot = self._pglock_slot(options, args, kwargs)
         if slot is None:
             return None
-        name = names.lock_name(self.name, options, args, kwargs)
-        claim = Claim(name, lock_key(name), slot, self.request.id, self.name)
+        claim = self._pglock_claim(options, slot, self._pglock_header(ENTRY_HEADER), (args, kwargs))
         return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
 
     def _pglock_database(self) -> Database:
         """This process's ``Database`` for the app (pooled in a worker, see ``serve_tasks``)."""
         return database(app_settings(self.app), keep_connections=serving_tasks())
 
-    def _pglock_slotless(self, options: TaskOptions) -> None:
+    def _pglock_slotless(self, options: TaskOptions, entry: str | None) -> None:
         """A message without a slot: a stock beat still sending this task? (``rogue``)"""
         if not self.request.called_directly and not self.request.is_eager:
-            rogue.watch.slotless(self, options.namespace, self._pglock_database)
+            locked = policy.locks(options, None, entry)
+            rogue.watch.slotless(self, options.namespace, self._pglock_database, locked=locked)
 
     def _pglock_header(self, name: str) -> Any:
         return headers_of(self.request).get(name) or getattr(self.request, name, None)

@@ -16,6 +16,7 @@ from celery import Celery, bootsteps
 from celery import signals as celery_signals
 from celery.exceptions import WorkerLostError
 
+from celery_pglock import policy
 from celery_pglock.config import Settings, app_settings
 from celery_pglock.db import (
     FIX_SCOPE,
@@ -58,6 +59,7 @@ class StartupCheck(bootsteps.StartStopStep):
         if not locking(worker.app):  # the test mode: no database, said once
             return
         check_task_options(worker.app)
+        log_locking(worker.app)
         serve_tasks()
         settings = app_settings(worker.app)
         with connect(settings) as conn:
@@ -151,6 +153,22 @@ def check_task_options(app: Celery) -> None:
                 errors.append(str(exc))
     if errors:
         raise ConfigurationError("invalid celery-pglock task options: " + "; ".join(errors))
+
+
+def log_locking(app: Celery) -> None:
+    """Say what each locked task's messages lock, one line per kind (``policy.describe``):
+    duplicates only, one at a time, N at a time."""
+    kinds: dict[str, list[str]] = {}
+    for name, task in sorted(app.tasks.items()):
+        if isinstance(task, PgLockMixin) and not name.startswith(BUILTIN_PREFIX):
+            kinds.setdefault(policy.describe(task.pglock_options()), []).append(name)
+    for kind, names in kinds.items():
+        logger.info(
+            "celery-pglock locks %s: %s",
+            kind,
+            ", ".join(names),
+            extra={"action": "pglock_task_locking", "locking": kind, "tasks": names},
+        )
 
 
 def _session_scope_tasks(app: Celery) -> list[str]:

@@ -2,7 +2,7 @@
 
 Beat records each slot it claims under this name, the freshness watch and the operator
 commands look slots up by it, and the worker derives the same name from the message
-(``names.lock_name``).
+(``names.lock_name``, with the entry's name from the ``pglock_entry`` header).
 """
 
 from __future__ import annotations
@@ -12,25 +12,39 @@ from typing import Any
 
 from celery import Celery
 
+from celery_pglock.config import TaskOptions, enabled_setting
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import default_lock_name, namespace
 from celery_pglock.names import lock_name
+from celery_pglock.retrofit import SETTING as ALL_TASKS
 from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock.beat")
 
 
+class _Unregistered:
+    """A task beat cannot import (it sends it by name): only the app's settings apply."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def entry_lock_name(app: Celery, entry: Any) -> str:
-    """The lock name a worker uses for ``entry``'s messages, as far as beat can tell."""
+    """The lock name a worker uses for ``entry``'s messages, as far as beat can tell (a
+    task beat cannot import is judged by the app's settings alone)."""
     task = app.tasks.get(entry.task)
-    if not isinstance(task, PgLockMixin):
-        return default_lock_name(namespace(app.conf.get("pglock_namespace"), app.main), entry.task)
-    options = task.pglock_options()
     try:
-        return lock_name(entry.task, options, entry.args or (), entry.kwargs or {})
+        if isinstance(task, PgLockMixin):
+            options = task.pglock_options()
+        else:
+            app_wide = enabled_setting(app.conf, ALL_TASKS) or issubclass(app.Task, PgLockMixin)
+            stand_in = _Unregistered(entry.task)
+            options = TaskOptions.resolve(stand_in, app.conf, app.main, app_wide=app_wide)
+        call = (entry.args or (), entry.kwargs or {})
+        return lock_name(entry.task, options, *call, entry=entry.name)
     except ConfigurationError:  # the worker reports it, with the message's arguments
-        logger.debug("pglock_key of %s failed in beat", entry.task, exc_info=True)
-        return default_lock_name(options.namespace, entry.task)
+        logger.debug("the lock name of entry %s failed in beat", entry.name, exc_info=True)
+        return default_lock_name(namespace(app.conf.get("pglock_namespace"), app.main), entry.task)
 
 
 __all__ = ["entry_lock_name"]

@@ -17,7 +17,7 @@ import click
 import psycopg
 from celery import Celery
 
-from celery_pglock import keys, ops
+from celery_pglock import keys, ops, policy
 from celery_pglock.config import APP_DEFAULTS, app_settings, redact
 from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
@@ -134,6 +134,7 @@ def registered_tasks(app: Celery) -> list[dict[str, Any]]:
                 row["error"] = str(exc)
             else:
                 row["lock"] = task_lock_name(app, name) or "(from the arguments)"
+                row["locks"] = policy.describe(options)
                 row["scope"] = options.scope
                 row["scheduled_only"] = options.scheduled_only
         found.append(row)

@@ -21,7 +21,7 @@ from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli.common import Refused, namespace
 from celery_pglock.db import Connection
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER, checked_slot
+from celery_pglock.messages import ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER, checked_slot
 from celery_pglock.schema import Tables
 
 BY_HELP = "Who acts, for the audit trail [default: user@host]."
@@ -95,9 +95,7 @@ class Delivery:
         sent while another run of its lock holds it is skipped `locked`: sent again, a
         few times."""
         for attempt in range(1, LOCKED_RETRIES + 1):
-            # Without the entry header: a slot asked for by name is not coalesced away by
-            # the newer slots that ran meanwhile.
-            task_id = send(self.app, self.entry, slot, as_beat=False)
+            task_id = send(self.app, self.entry, slot)
             ended = self.wait_done(slot, task_id)
             if ended is None:
                 return f"sent; not done after {DELIVERY_TIMEOUT:.0f} s (is a worker running?)"
@@ -129,10 +127,11 @@ def checked(slot: str) -> str:
         raise click.BadParameter(str(exc), param_hint="--slot") from None
 
 
-def send(app: Celery, entry: Any, slot: str, *, as_beat: bool = True) -> str:
-    """Publish ``entry``'s task as beat would, with ``slot`` in its headers (and the
-    entry's name, unless ``as_beat`` is false); the message's task id."""
-    headers = {SLOT_HEADER: slot, **({ENTRY_HEADER: entry.name} if as_beat else {})}
+def send(app: Celery, entry: Any, slot: str) -> str:
+    """Publish ``entry``'s task as beat would, with ``slot`` and the entry's name in its
+    headers (so that the worker locks it as the entry's), marked as sent by hand: a slot
+    asked for by name is neither superseded by newer slots nor late; the task id."""
+    headers = {SLOT_HEADER: slot, ENTRY_HEADER: entry.name, MANUAL_HEADER: True}
     view = EntryWithHeaders(entry, headers)
     sent = app.send_task(entry.task, args=entry.args, kwargs=entry.kwargs, **view.options)
     return str(sent.id)

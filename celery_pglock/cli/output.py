@@ -76,11 +76,11 @@ def locks_text(locks: list[Row]) -> str:
     rows = []
     for lock in locks:
         holder = lock["holder"] or {}
-        limit = lock.get("concurrency") or 1
+        limit = lock.get("concurrency", 1)
         rows.append(
             (
                 lock["lock"] or "(unknown name)",
-                f"{lock.get('held', 1)} of {limit}" if limit > 1 else None,
+                _held(lock.get("held", 1), limit),
                 lock["key"],
                 holder.get("scope"),
                 *_who(lock["holder"]),
@@ -94,6 +94,13 @@ def locks_text(locks: list[Row]) -> str:
     if waiting:
         text += "\n\n" + waiters_text(waiting)
     return text
+
+
+def _held(held: int, limit: int | None) -> str | None:
+    """``HELD``: how many of a lock name's N keys are held; "slot" for a slot's own lock."""
+    if limit == 0:
+        return "slot"
+    return f"{held} of {limit}" if limit and limit > 1 else None
 
 
 def waiters_text(waiting: list[tuple[str, Row]]) -> str:
@@ -156,12 +163,13 @@ def running_text(running: list[Row]) -> str:
 
 def tasks_text(tasks: list[Row]) -> str:
     """Which registered tasks are locked: a task that is not runs every duplicate."""
-    headers = ("TASK", "LOCKED", "LOCK", "SCOPE", "SCHEDULED ONLY")
+    headers = ("TASK", "LOCKED", "LOCK", "LOCKS", "SCOPE", "SCHEDULED ONLY")
     rows = [
         (
             task["task"],
             "yes" if task["locked"] else "NO",
             task.get("lock") or task.get("error"),
+            task.get("locks"),
             task.get("scope"),
             _yes_no(task.get("scheduled_only")),
         )

@@ -85,6 +85,8 @@ SELECT ok.entry, ok.last_success,
          WHERE r.lock_name = ok.lock_name AND r.slot = ok.last_success) AS last_success_at,
        (SELECT min(s.slot) FROM {beat_sends} s
          WHERE s.namespace = %(namespace)s AND s.entry = ok.entry AND NOT s.paused
+           -- sent under the entry's lock name of today (a new name starts afresh)
+           AND s.lock_name = ok.lock_name
            AND s.slot > coalesce(ok.last_success, '') AND s.slot ~ %(slot_pattern)s::text
            AND NOT EXISTS (SELECT 1 FROM {runs} r WHERE r.lock_name = ok.lock_name
                             AND r.slot = s.slot AND r.state = 'succeeded')) AS first_pending,

@@ -47,6 +47,7 @@ app = Celery("{name}")
 )
 TASKS_MODULE = """
 import os
+import time
 
 import psycopg
 from celery import shared_task
@@ -54,17 +55,48 @@ from celery.signals import after_task_publish
 from psycopg import sql
 
 
-@shared_task(bind=True)
-def record(self, marker=None):
+def note(task, marker):
     # What ran, as a user's task would write it: plain psycopg, no celery-pglock.
-    lease = getattr(self, "pglock", None)
+    lease = getattr(task, "pglock", None)
     with psycopg.connect(os.environ["PGLOCK_DSN"], autocommit=True) as conn:
         conn.execute(
             sql.SQL("INSERT INTO {} (task_id, slot, marker, classes) VALUES (%s, %s, %s, %s)")
             .format(sql.Identifier(os.environ["TEST_SCHEMA"], "ran")),
-            (self.request.id, lease.slot if lease else None, marker,
-             [cls.__name__ for cls in type(self).__mro__]),
+            (task.request.id, lease.slot if lease else None, marker,
+             [cls.__name__ for cls in type(task).__mro__]),
         )
+
+
+def notes(task_id, prefix):
+    with psycopg.connect(os.environ["PGLOCK_DSN"], autocommit=True) as conn:
+        return conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE task_id = %s AND marker LIKE %s")
+            .format(sql.Identifier(os.environ["TEST_SCHEMA"], "ran")),
+            (task_id, prefix + "%"),
+        ).fetchone()[0]
+
+
+@shared_task(bind=True)
+def record(self, marker=None):
+    note(self, marker)
+    return marker
+
+
+@shared_task(bind=True)
+def send_welcome_email(self, user_id):
+    # A plain task of the project, one second of work per user.
+    time.sleep(1)
+    note(self, f"user-{user_id}")
+    return user_id
+
+
+@shared_task(bind=True)
+def long_first_attempt(self, marker=None):
+    # Its first attempt runs until its worker process is killed; a redelivery finishes.
+    note(self, f"start {os.getpid()}")
+    if notes(self.request.id, "start ") == 1:
+        time.sleep(120)
+    note(self, marker)
     return marker
 
 
@@ -80,19 +112,14 @@ def retry_once(self, marker=None):
 @after_task_publish.connect
 def note_retry_published(sender=None, headers=None, **_):
     # A retry published while its attempt still holds the lock is skipped as "locked" by
-    # the worker process that takes it: say whether the lock was held at that moment.
+    # the worker process that takes it: say whether this process held a lock then.
     if sender != retry_once.name or not (headers or {}).get("retries"):
         return
-    from celery_pglock import lock_key
-
-    key = lock_key(f"{os.environ['TEST_SCHEMA']}:{retry_once.name}")
     with psycopg.connect(os.environ["PGLOCK_DSN"], autocommit=True) as conn:
         held = conn.execute(
             "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-            " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-            " AND ((l.classid::bigint << 32) | l.objid::bigint) = %s"
-            " AND a.application_name LIKE %s",
-            (key, f"pglock {os.getpid()} %"),  # held by this process: the retrying attempt
+            " WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE %s",
+            (f"pglock {os.getpid()} %",),  # held by this process: the retrying attempt
         ).fetchone()[0]
     record.run(f"retry published, lock held: {bool(held)}")
 """
@@ -168,6 +195,16 @@ class Project:
         proc = self.procs.python(sender, slot, str(count), task, env=self.env, name="sender")
         assert 0 == proc.wait(timeout=DEADLINE), proc.log_tail()
         return [tuple(pair) for pair in json.loads(proc.log_text().strip().splitlines()[-1])]
+
+    def call(self, body: str, *, imports: str = "import celery_pglock") -> Any:
+        """Run ``body`` in a fresh sender process (``app``, ``tasks`` and ``json`` imported);
+        what its last line printed, as JSON."""
+        sender = self.root / "call.py"
+        head = f"import json\n{imports}\nfrom {self.name}.celery import app\n"
+        sender.write_text(head + f"from {self.name} import tasks\n" + textwrap.dedent(body))
+        proc = self.procs.python(sender, env=self.env, name="sender")
+        assert 0 == proc.wait(timeout=DEADLINE * 2), proc.log_tail()
+        return json.loads(proc.log_text().strip().splitlines()[-1])
 
     def ran(self) -> list[dict[str, Any]]:
         query = sql.SQL("SELECT * FROM {} ORDER BY at").format(

@@ -17,6 +17,7 @@ from celery_pglock.beat import PgLockScheduler
 from celery_pglock.config import TaskOptions
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.messages import coalesces
+from celery_pglock.policy import overlap
 from celery_pglock.slots import is_time_slot, slots_since
 from tests.unit.test_beat_unit import Clock, SimulatedScheduler, Store, clock, make_app
 
@@ -81,7 +82,7 @@ def test_overlap_and_concurrency_default_to_skip_and_one() -> None:
     """Unset, a message that finds its lock held is skipped, and one runs at a time."""
     default = options(Celery("proj", set_as_current=False))
 
-    assert ("skip", 1) == (default.overlap, default.concurrency)
+    assert ("skip", 1) == (overlap(default, None), default.concurrency)
 
 
 def test_overlap_and_concurrency_are_read_per_task_and_app_wide() -> None:
@@ -96,7 +97,7 @@ def test_overlap_and_concurrency_are_read_per_task_and_app_wide() -> None:
 @pytest.mark.parametrize("policy", ["queue", "BUFFER_ONE", "", 1])
 def test_unknown_overlap_policy_is_refused_naming_the_choices(policy: Any) -> None:
     with pytest.raises(
-        ConfigurationError, match=r"pglock_overlap must be 'skip' .* or 'buffer_one'"
+        ConfigurationError, match=r"pglock_overlap must be 'skip' .*'buffer_one' .* or 'allow'"
     ):
         options(Celery("proj", set_as_current=False), pglock_overlap=policy)
 
