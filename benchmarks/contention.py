@@ -16,7 +16,8 @@ import psycopg
 from psycopg import sql
 
 from benchmarks import common
-from benchmarks.worker_app import BODY_RAN, CODES, SKIP_DECIDED, contended
+from benchmarks.records import BODY_RAN, SKIP_DECIDED
+from benchmarks.worker_app import CODES, contended
 from benchmarks.workers import BenchWorker, Record, bench_worker
 
 DELIVERIES = 64

@@ -6,25 +6,23 @@ per-argument locks never collide). Configured from the environment: ``BENCH_BROK
 (Redis key prefix of celery-once and celery-singleton), ``BENCH_FIFO`` and
 ``BENCH_SLEEP`` (seconds the contention task sleeps).
 
-Each worker process reports every task through the FIFO ``BENCH_FIFO`` as fixed-size
-records (see ``Record``): the monotonic clock at ``task_prerun`` and ``task_postrun``,
-when a skip was decided, when a body ran. ``CLOCK_MONOTONIC`` is system-wide, so the
-harness can compare these times across processes. One ``write`` of a few bytes costs
-about a microsecond, the same for every contender.
+Each worker process reports every task through the FIFO ``BENCH_FIFO``
+(``benchmarks.records``): its ``task_prerun`` and ``task_postrun`` times, when a skip was
+decided, when a body ran.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import time
 from typing import Any
 
 import psycopg
-from celery import Celery, Task, signals
+from celery import Celery, Task
 from celery_once import QueueOnce  # type: ignore[import-untyped]
 from celery_singleton import Singleton  # type: ignore[import-untyped]
 
+from benchmarks.records import BODY_RAN, SKIP_DECIDED, report, started, time_tasks
 from celery_pglock import PgLockTask, unwaited
 from celery_pglock import signals as pglock_signals
 from celery_pglock.db import HOSTNAME
@@ -40,8 +38,6 @@ SCHEMA = ENV.get("BENCH_SCHEMA", "public")
 PREFIX = ENV.get("BENCH_PREFIX", "pglockbench")
 BROKER = ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15")
 
-RECORD = struct.Struct("<HHidd")  # kind, contender, pid, t0, t1
-PRERUN_POSTRUN, SKIP_DECIDED, BODY_RAN = 1, 2, 3
 
 app = Celery("pglockbench")
 app.conf.update(
@@ -244,38 +240,10 @@ CODES = {f"bench.{name}": code for code, name in enumerate(CONTENDERS)}
 # -- reporting -----------------------------------------------------------------------------
 
 
-class _Reporter:
-    fd = -1
-    started = 0.0
-
-
-def report(kind: int, t0: float, t1: float, contender: int = 0) -> None:
-    if _Reporter.fd < 0:
-        path = ENV.get("BENCH_FIFO")
-        if not path:
-            return
-        _Reporter.fd = os.open(path, os.O_WRONLY)
-    os.write(_Reporter.fd, RECORD.pack(kind, contender, os.getpid(), t0, t1))
-
-
-@signals.worker_process_init.connect
-def _reset_reporter(**_: Any) -> None:
-    _Reporter.fd = -1  # inherited across fork: reopen in each child
-
-
-@signals.task_prerun.connect
-def _prerun(**_: Any) -> None:
-    _Reporter.started = time.monotonic()
-
-
-@signals.task_postrun.connect
-def _postrun(task: Any = None, **_: Any) -> None:
-    name = getattr(task, "name", "")
-    if name in CODES:
-        report(PRERUN_POSTRUN, _Reporter.started, time.monotonic(), CODES[name])
+time_tasks(CODES)
 
 
 @pglock_signals.task_skipped.connect
 def _skipped(sender: Any = None, **_: Any) -> None:
     name = getattr(sender, "name", "")
-    report(SKIP_DECIDED, _Reporter.started, time.monotonic(), CODES.get(name, 0))
+    report(SKIP_DECIDED, started(), time.monotonic(), CODES.get(name, 0))

@@ -23,7 +23,8 @@ from typing import Any
 import psycopg
 
 from benchmarks import common, cpu
-from benchmarks.worker_app import CODES, RECORD, app
+from benchmarks.records import RECORD
+from benchmarks.worker_app import CODES, app
 
 
 @dataclass(frozen=True)
