@@ -35,6 +35,7 @@ SECTIONS = (
     "pools",
     "pgfailover",
     "policies",
+    "adhoc",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -248,6 +249,8 @@ def run_sections(run: Run) -> None:
         )
     if "policies" in only:
         run.section(policies_title(), lambda: policies_section(run))
+    if "adhoc" in only:
+        run.section(adhoc_title(), lambda: adhoc_section(run))
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
@@ -310,6 +313,21 @@ def policies_section(run: Run) -> tuple[list[str], list[Any]]:
     rounds, per_batch, trials = (2, 50, 5) if run.args.quick else (20, 200, 30)
     lines = policies.measure(run.dsn, run.env["BENCH_BROKER_URL"], rounds, per_batch, trials)
     return lines, []
+
+
+def adhoc_title() -> str:
+    from benchmarks import adhoc  # noqa: PLC0415
+
+    return adhoc.TITLE
+
+
+def adhoc_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.adhoc``: README's retrofit lines against stock Celery, ad-hoc messages."""
+    from benchmarks import adhoc  # noqa: PLC0415
+
+    rounds, per_batch = (2, 200) if run.args.quick else (5, 1000)
+    lines, targets = adhoc.measure(run.dsn, run.env["BENCH_BROKER_URL"], rounds, per_batch)
+    return lines, targets
 
 
 def summary(targets: list[Any], written: bool) -> str:
