@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,13 @@ class Project:
         proc = self.procs.python(sender, env=self.env, name="sender")
         assert 0 == proc.wait(timeout=DEADLINE * 2), proc.log_tail()
         return json.loads(proc.log_text().strip().splitlines()[-1])
+
+    def cli(self, *args: str) -> tuple[int, str]:
+        """``celery -A proj.celery pglock *args`` as an operator types it: status, output."""
+        argv = ("-A", f"{self.name}.celery", "pglock", *args)
+        proc = self.procs.start([sys.executable, "-m", "celery", *argv], env=self.env, name="cli")
+        code = proc.wait(timeout=DEADLINE * 2)
+        return code, proc.log_text()
 
     def ran(self) -> list[dict[str, Any]]:
         query = sql.SQL("SELECT * FROM {} ORDER BY at").format(

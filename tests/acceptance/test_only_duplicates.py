@@ -7,9 +7,12 @@ each once; only the same slot again, or the same message again, is skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from collections import Counter
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -200,3 +203,58 @@ def skips_of(project: Project, task_id: str) -> list[dict[str, Any]]:
         conn.cursor(row_factory=psycopg.rows.dict_row) as cur,
     ):
         return cur.execute(query, (task_id,)).fetchall()
+
+
+TICK = """
+app.conf.beat_schedule = {"tick": {"task": "proj.tasks.record", "schedule": 1.0, "args": ("tick",)}}
+"""
+
+
+def test_operator_sends_of_a_retrofitted_entry_run_under_the_entry_s_lock(
+    project: Project,
+) -> None:
+    """``pglock backfill`` and ``pglock trigger`` of a README-retrofitted entry send its
+    slots as the entry's: each missed slot runs once, a slot that ran is not sent again,
+    a slot triggered twice runs once, all under the entry's lock name."""
+    readme_project(project, TICK)
+    project.worker("-P", "prefork", "-c", "2")
+    beat = project.beat()
+    wait_until(lambda: len(project.ran()) >= 2, timeout=DEADLINE, message="2 slots run")
+    beat.stop()
+    last = max(row["slot"] for row in project.ran())
+    gap_end = wait_until(
+        lambda: (moment := utc_seconds(time.time() - 1)) > shifted(last, 2) and moment,
+        timeout=DEADLINE,
+        message="2 slots missed",
+    )
+
+    code, out = project.cli("backfill", "tick", "--from", last, "--to", gap_end, "--json")
+
+    assert 0 == code, out
+    plan = json.loads(out)["slots"]
+    sent = {p["slot"]: p.get("outcome") for p in plan if p["action"] == "send"}
+    assert len(sent) >= 2
+    assert set(sent.values()) == {"succeeded"}
+    assert last not in sent
+    for _ in range(2):
+        assert 0 == project.cli("trigger", "tick", "--slot", "manual:once")[0]
+    wait_until(
+        lambda: "manual:once" in {r["slot"] for r in project.ran()},
+        timeout=DEADLINE,
+        message="the triggered slot",
+    )
+    runs = Counter(row["slot"] for row in project.ran())
+    assert {1} == set(runs.values())
+    assert {*sent, "manual:once"} <= set(runs)
+    schema = project.env["TEST_SCHEMA"]
+    rows = ledger(project.env["PGLOCK_DSN"], schema)
+    assert {f"{schema}:proj.tasks.record@tick"} == {row["lock_name"] for row in rows}
+
+
+def utc_seconds(epoch: float) -> str:
+    return datetime.fromtimestamp(int(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def shifted(slot: str, seconds: int) -> str:
+    moment = datetime.strptime(slot, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    return utc_seconds(moment.timestamp() + seconds)
