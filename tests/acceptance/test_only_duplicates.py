@@ -258,3 +258,36 @@ def utc_seconds(epoch: float) -> str:
 def shifted(slot: str, seconds: int) -> str:
     moment = datetime.strptime(slot, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     return utc_seconds(moment.timestamp() + seconds)
+
+
+def test_a_stock_beat_beside_a_retrofitted_project_is_reported_and_runs_unlocked(
+    project: Project,
+) -> None:
+    """A stock ``celery beat`` left running beside README's scheduler: its slot-less
+    messages are distinct work to the retrofit (they run, unlocked), and the worker warns
+    once that they are neither locked nor deduplicated."""
+    readme_project(project, TICK)
+    worker = project.worker("-P", "prefork", "-c", "1")  # one process: one warning
+    project.beat()
+    wait_until(lambda: len(project.ran()) >= 2, timeout=DEADLINE, message="2 slots run")
+    stock = ("--scheduler", "celery.beat:PersistentScheduler")
+    project.procs.celery(
+        "proj.celery",
+        "beat",
+        "-l",
+        "info",
+        *stock,
+        f"--schedule={project.root / 'stock'}",
+        env=project.env,
+        name="beat-stock",
+    )
+
+    slotless = wait_until(
+        lambda: len(rows := [r for r in project.ran() if r["slot"] is None]) >= 3 and rows,
+        timeout=DEADLINE,
+        message="3 runs of the stock beat's messages",
+    )
+
+    assert len(slotless) >= 3
+    worker.wait_for_log("neither locked nor deduplicated", timeout=DEADLINE)
+    assert 1 == worker.log_text().count("a message without a slot from")

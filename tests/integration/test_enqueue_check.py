@@ -217,3 +217,32 @@ def test_unreachable_database_publishes(make: Make, published: list[str]) -> Non
     result = app.tasks[TASK].apply_async(headers=SLOTTED)
 
     assert [result.id] == published
+
+
+def test_retrofitted_task_checks_its_slot_and_publishes_other_slots(
+    pg_dsn: str, pglock_schema: str, apps: list[Celery], published: list[str]
+) -> None:
+    """Under ``pglock_all_tasks`` (a slot locked alone) the check still finds a slot that
+    succeeded, and publishes any other slot of the task: distinct work."""
+    app = Celery("enq", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        result_backend="cache+memory://",
+        pglock_dsn=pg_dsn,
+        pglock_schema=pglock_schema,
+        pglock_namespace=pglock_schema,
+        pglock_check_on_enqueue=True,
+        pglock_all_tasks=True,
+    )
+    apps.append(app)
+
+    @app.task(name=TASK, shared=False)
+    def job() -> None: ...
+
+    assert "SUCCESS" == job.apply(headers=SLOTTED).state  # run once, in this process
+
+    again = job.apply_async(headers=SLOTTED)
+    other = job.apply_async(headers={"pglock_slot": "2026-11-29T18:06:00Z"})
+
+    assert [other.id] == published
+    assert "done" == again.get(timeout=1)["reason"]
