@@ -9,6 +9,8 @@ namespace); 3 PostgreSQL unreachable (the message names the server, never the pa
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -101,6 +103,18 @@ def current_app(ctx: click.Context) -> Celery:
     if app is None:
         raise Refused("no Celery app: run as `celery -A proj pglock …`")
     return app  # type: ignore[no-any-return]
+
+
+def setup_django() -> None:
+    """In a Django project, load its apps as ``celery worker`` and ``celery beat`` do (their
+    Django fixup): a command line gets no such step, and django-celery-beat's models need it."""
+    if not os.environ.get("DJANGO_SETTINGS_MODULE") or "django" not in sys.modules:
+        return
+    import django  # noqa: PLC0415 - only in a Django project
+    from django.apps import apps  # noqa: PLC0415
+
+    if not apps.ready:
+        django.setup()
 
 
 def namespace(app: Celery) -> str:

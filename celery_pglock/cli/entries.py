@@ -4,8 +4,6 @@ who acts, and sending an entry's slot by name (waiting for its outcome)."""
 from __future__ import annotations
 
 import difflib
-import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +16,7 @@ from celery_pglock import controls, ops
 from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.cli.common import Refused, namespace
+from celery_pglock.cli.common import Refused, namespace, setup_django
 from celery_pglock.db import Connection
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.messages import ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER, checked_slot
@@ -61,18 +59,6 @@ class Schedule:
 
     def lock_name(self, entry: Any) -> str:
         return entry_lock_name(self.app, entry)
-
-
-def setup_django() -> None:
-    """In a Django project, load its apps as ``celery worker`` and ``celery beat`` do (their
-    Django fixup): a command line gets no such step, and django-celery-beat's models need it."""
-    if not os.environ.get("DJANGO_SETTINGS_MODULE") or "django" not in sys.modules:
-        return
-    import django  # noqa: PLC0415 - only in a Django project
-    from django.apps import apps  # noqa: PLC0415
-
-    if not apps.ready:
-        django.setup()
 
 
 def target(app: Celery, by: str | None) -> controls.Target:
