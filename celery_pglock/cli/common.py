@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -117,6 +118,20 @@ def setup_django() -> None:
         django.setup()
 
 
+_loaded: weakref.WeakSet[Celery] = weakref.WeakSet()  # apps whose task modules were imported
+
+
+def app_tasks(app: Celery) -> Mapping[str, Any]:
+    """The app's tasks as its worker registers them: its task modules imported first
+    (``imports``, ``include``, Django's autodiscovery), as ``celery worker`` and ``celery
+    beat`` do at start-up; once per process."""
+    if app not in _loaded:
+        setup_django()
+        app.loader.import_default_modules()
+        _loaded.add(app)
+    return app.tasks
+
+
 def namespace(app: Celery) -> str:
     """The app-wide lock namespace (``pglock_namespace``, else the app's main name)."""
     return keys.namespace(app.conf.get("pglock_namespace"), app.main)
@@ -124,7 +139,7 @@ def namespace(app: Celery) -> str:
 
 def task_lock_name(app: Celery, task_name: str) -> str | None:
     """The lock name of a registered locked task, when it does not depend on arguments."""
-    task = app.tasks.get(task_name)
+    task = app_tasks(app).get(task_name)
     if not isinstance(task, PgLockMixin):
         return None
     try:
@@ -137,7 +152,7 @@ def task_lock_name(app: Celery, task_name: str) -> str | None:
 def registered_tasks(app: Celery) -> list[dict[str, Any]]:
     """The app's tasks (not Celery's own): locked or not, and how, for ``status``."""
     found = []
-    for name, task in sorted(app.tasks.items()):
+    for name, task in sorted(app_tasks(app).items()):
         if name.startswith(BUILTIN_PREFIX):
             continue
         row: dict[str, Any] = {"task": name, "locked": isinstance(task, PgLockMixin)}
@@ -159,7 +174,7 @@ def known_lock_names(app: Celery) -> dict[str, int]:
     """Lock names this app's tasks use, so their locks are named even before any run,
     each with its ``pglock_concurrency`` (how many keys it has)."""
     found: dict[str, int] = {}
-    for task_name, task in list(app.tasks.items()):
+    for task_name, task in list(app_tasks(app).items()):
         name = task_lock_name(app, task_name)
         if name and isinstance(task, PgLockMixin):
             found[name] = max(found.get(name, 1), task.pglock_options().concurrency)

@@ -20,6 +20,7 @@ from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     NotFound,
     Refused,
+    app_tasks,
     current_app,
     json_option,
     reported_errors,
@@ -167,14 +168,14 @@ def _schedule_or_none(app: Celery) -> Schedule | None:
 
 def _known(app: Celery, conn: Connection, name: str, lock: str, found: Row) -> bool:
     """Whether ``name`` is something this app or its ledger knows, whatever the slot."""
-    if name in app.tasks or lock != name or found["run"] or found["skips"] or found["sends"]:
+    if name in app_tasks(app) or lock != name or found["run"] or found["skips"] or found["sends"]:
         return True
     return controls.lock_has_rows(conn, tables_of(app), lock)
 
 
 def _names(app: Celery, schedule: Schedule | None) -> list[str]:
     entries = list(schedule.entries) if schedule else []
-    return entries + [task for task in app.tasks if not task.startswith("celery.")]
+    return entries + [task for task in app_tasks(app) if not task.startswith("celery.")]
 
 
 def _due(entry: Any, slot: str, app: Celery) -> str:

@@ -16,7 +16,7 @@ from celery_pglock import controls, ops
 from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.cli.common import Refused, namespace, setup_django
+from celery_pglock.cli.common import Refused, app_tasks, namespace
 from celery_pglock.db import Connection
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.messages import ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER, checked_slot
@@ -34,7 +34,7 @@ class Schedule:
     """The app's beat entries, loaded as its beat scheduler loads them."""
 
     def __init__(self, app: Celery) -> None:
-        setup_django()  # a django-celery-beat scheduler imports models
+        app_tasks(app)  # as beat: Django set up, the task modules imported (lock names)
         cls = symbol_by_name(app.conf.beat_scheduler)
         if not (isinstance(cls, type) and issubclass(cls, PgLockSchedulerMixin)):
             raise Refused(

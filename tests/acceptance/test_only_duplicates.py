@@ -71,12 +71,15 @@ def test_eight_welcome_emails_all_go_out_once_each(project: Project, pool: str) 
     """README's lines, one plain 1-s task, eight ``.delay(user)`` on ``-c 4``: eight
     SUCCESS, each user once (under 0.1 seven were SKIPPED ``locked``)."""
     readme_project(project)
-    project.worker("-P", pool, "-c", "4")
+    worker = project.worker("-P", pool, "-c", "4")
 
     results = project.call(EIGHT_EMAILS)
 
     assert [[user, "SUCCESS"] for user in range(8)] == results
     assert Counter({f"user-{user}": 1 for user in range(8)}) == users(project)
+    [said] = [line for line in worker.log_text().splitlines() if "celery-pglock locks" in line]
+    assert "locks duplicates only (beat: one at a time per entry): " in said
+    assert "proj.tasks.send_welcome_email" in said
 
 
 def test_eight_welcome_emails_with_the_django_settings_form(project: Project) -> None:
@@ -249,6 +252,10 @@ def test_operator_sends_of_a_retrofitted_entry_run_under_the_entry_s_lock(
     schema = project.env["TEST_SCHEMA"]
     rows = ledger(project.env["PGLOCK_DSN"], schema)
     assert {f"{schema}:proj.tasks.record@tick"} == {row["lock_name"] for row in rows}
+    code, status = project.cli("status")
+    assert 0 == code, status
+    [record] = [line for line in status.splitlines() if line.startswith("proj.tasks.record ")]
+    assert "duplicates only (beat: one at a time per entry)" in record
 
 
 def utc_seconds(epoch: float) -> str:
