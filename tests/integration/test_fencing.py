@@ -7,12 +7,14 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from celery import Celery, current_app
 
 from celery_pglock import PgLockError, StaleToken, fence
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
+from celery_pglock.schema import Tables
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import Conn, claim, granted, open_database, terminate
 
@@ -161,3 +163,29 @@ def test_superseded_holder_cannot_write_through_fence(
     assert new.token == fenced(pg_conn, db, "daily_rollup")
     release(db, new, SUCCEEDED)
     release(db, old, SUCCEEDED)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="fence() reads pglock_table_prefix with `or`: '' -> 'pglock_'"
+)
+def test_fence_without_tables_uses_the_current_apps_empty_table_prefix(
+    pg_dsn: str, pglock_schema: str, pg_conn: Conn
+) -> None:
+    """``pglock_table_prefix = ""`` (tables named ``runs``, ``fences``, …): ``fence()``
+    without ``tables=`` finds the tables the current app configures, as the CLI does."""
+    app = Celery("fenced", set_as_current=False)
+    app.conf.update(pglock_dsn=pg_dsn, pglock_schema=pglock_schema, pglock_table_prefix="")
+    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema, table_prefix="")):
+        pass  # creates the un-prefixed tables, as `celery pglock migrate` would
+    previous = current_app._get_current_object()  # type: ignore[attr-defined]
+    app.set_current()
+    try:
+        with pg_conn.transaction():
+            fence(pg_conn, "report", 7)
+    finally:
+        previous.set_current()
+        app.close()
+
+    tables = Tables(pglock_schema, "")
+    row = pg_conn.execute(tables.render("SELECT token FROM {fences}")).fetchone()
+    assert (7,) == row
