@@ -183,14 +183,16 @@ class Settings:
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
         check_unknown_settings(conf.keys())
-        value = _conf_getter(conf)
+        tables = tables_of(conf)
         return cls(
             dsn=resolve_dsn(conf),
-            schema=_text(value("pglock_schema"), "pglock_schema"),
-            table_prefix=_text(value("pglock_table_prefix"), "pglock_table_prefix", empty=True),
-            auto_migrate=bool(value("pglock_auto_migrate")),
-            pool_size=_pool_size(value("pglock_pool_size")),
-            connect_timeout=_positive(value("pglock_connect_timeout"), "pglock_connect_timeout"),
+            schema=tables.schema,
+            table_prefix=tables.prefix,
+            auto_migrate=bool(setting(conf, "pglock_auto_migrate")),
+            pool_size=_pool_size(setting(conf, "pglock_pool_size")),
+            connect_timeout=_positive(
+                setting(conf, "pglock_connect_timeout"), "pglock_connect_timeout"
+            ),
         )
 
 
@@ -262,16 +264,29 @@ def locked_app_wide(task: Any) -> bool:
     return app_task is not None and app_task in klass.__bases__
 
 
-def _conf_getter(conf: Mapping[str, Any]) -> Callable[[str], Any]:
-    def value(name: str) -> Any:
-        found = conf.get(name)
-        return APP_DEFAULTS[name] if found is None else found
+def setting(conf: Mapping[str, Any], name: str) -> Any:
+    """One ``pglock_*`` app setting from ``conf``: its value, or its default when unset.
+    Every reader of the settings goes through here (and the functions below)."""
+    found = conf.get(name)
+    return APP_DEFAULTS[name] if found is None else found
 
-    return value
+
+def tables_of(conf: Mapping[str, Any]) -> Tables:
+    """Where the tables of ``conf`` live (``pglock_schema``, ``pglock_table_prefix``; an
+    empty prefix is a prefix): known without a DSN (``fence()``, the CLI, Django's admin)."""
+    schema = _text(setting(conf, "pglock_schema"), "pglock_schema")
+    prefix = _text(setting(conf, "pglock_table_prefix"), "pglock_table_prefix", empty=True)
+    return Tables(schema, prefix)
+
+
+def namespace_of(conf: Mapping[str, Any], app_name: str | None) -> str:
+    """The app-wide namespace of lock names: ``pglock_namespace``, else the app's name."""
+    return keys.namespace(setting(conf, "pglock_namespace"), app_name)
 
 
 def _task_getter(task: Any, conf: Mapping[str, Any]) -> Callable[[str], Any]:
-    app_value = _conf_getter(conf)
+    def app_value(name: str) -> Any:
+        return setting(conf, name)
 
     def value(name: str) -> Any:
         found = getattr(task, name, None)

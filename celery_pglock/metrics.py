@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals as celery_signals
 
 from celery_pglock import signals
+from celery_pglock.config import enabled_setting
 from celery_pglock.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
 
 def enabled(app: Any) -> bool:
     """Whether ``app.conf.pglock_metrics`` asks for metrics."""
-    return bool(app.conf.get("pglock_metrics"))
+    return enabled_setting(app.conf, "pglock_metrics")
 
 
 @celery_signals.worker_init.connect

@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.config import APP_DEFAULTS, Settings
+from celery_pglock.config import Settings, setting
 from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.schema import Tables
@@ -97,7 +97,7 @@ def check_retention(retention: timedelta) -> timedelta:
 
 def retention_setting(conf: Mapping[str, Any]) -> timedelta | None:
     """``pglock_ledger_retention`` as a checked ``timedelta``, or None when unset."""
-    value = conf.get("pglock_ledger_retention", APP_DEFAULTS["pglock_ledger_retention"])
+    value = setting(conf, "pglock_ledger_retention")
     if value is None or value is False:
         return None
     return check_retention(parse_duration(value, "pglock_ledger_retention"))

@@ -12,9 +12,9 @@ from typing import Any
 
 from celery import Celery
 
-from celery_pglock.config import TaskOptions, enabled_setting
+from celery_pglock.config import TaskOptions, enabled_setting, namespace_of
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.keys import default_lock_name, namespace
+from celery_pglock.keys import default_lock_name
 from celery_pglock.names import lock_name
 from celery_pglock.retrofit import SETTING as ALL_TASKS
 from celery_pglock.task import PgLockMixin
@@ -44,7 +44,7 @@ def entry_lock_name(app: Celery, entry: Any) -> str:
         return lock_name(entry.task, options, *call, entry=entry.name)
     except ConfigurationError:  # the worker reports it, with the message's arguments
         logger.debug("the lock name of entry %s failed in beat", entry.name, exc_info=True)
-        return default_lock_name(namespace(app.conf.get("pglock_namespace"), app.main), entry.task)
+        return default_lock_name(namespace_of(app.conf, app.main), entry.task)
 
 
 __all__ = ["entry_lock_name"]

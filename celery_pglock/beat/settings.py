@@ -8,14 +8,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from celery_pglock import keys
 from celery_pglock.config import (
-    APP_DEFAULTS,
     CatchUp,
     Settings,
     app_settings,
     catch_up_option,
+    namespace_of,
     overdue_option,
+    setting,
 )
 from celery_pglock.db import HOSTNAME
 from celery_pglock.errors import ConfigurationError
@@ -49,12 +49,12 @@ class BeatSettings:
         conf = app.conf
         return cls(
             connection=app_settings(app),
-            namespace=keys.namespace(conf.get("pglock_namespace"), app.main),
-            leader_mode=bool(_conf(conf, "pglock_beat_leader")),
-            lease=float(_conf(conf, "pglock_beat_lease")),
-            align_intervals=bool(_conf(conf, "pglock_beat_align_intervals")),
-            resend_after=float(_conf(conf, "pglock_beat_resend_after")),
-            max_interval=float(_conf(conf, "pglock_beat_max_interval")),
+            namespace=namespace_of(conf, app.main),
+            leader_mode=bool(setting(conf, "pglock_beat_leader")),
+            lease=float(setting(conf, "pglock_beat_lease")),
+            align_intervals=bool(setting(conf, "pglock_beat_align_intervals")),
+            resend_after=float(setting(conf, "pglock_beat_resend_after")),
+            max_interval=float(setting(conf, "pglock_beat_max_interval")),
             catch_up=_catch_up_conf(conf),
             overdue_after=_overdue_conf(conf),
             replica=f"{HOSTNAME}:{os.getpid()}",
@@ -94,7 +94,7 @@ class BeatSettings:
 
 def _overdue_conf(conf: Any) -> float | None:
     """The app's freshness deadline, and every ``beat_schedule`` entry's, checked."""
-    default = overdue_option(_conf(conf, "pglock_overdue_after"), "app.conf")
+    default = overdue_option(setting(conf, "pglock_overdue_after"), "app.conf")
     for name, spec in (conf.get("beat_schedule") or {}).items():
         options = (spec.get("options") if isinstance(spec, dict) else None) or {}
         if OVERDUE_OPTION in options:
@@ -104,7 +104,8 @@ def _overdue_conf(conf: Any) -> float | None:
 
 def _catch_up_conf(conf: Any) -> tuple[CatchUp, int]:
     """The app's catch-up policy, and every ``beat_schedule`` entry's, checked at start-up."""
-    policy, limit = _conf(conf, "pglock_beat_catch_up"), _conf(conf, "pglock_beat_catch_up_limit")
+    policy = setting(conf, "pglock_beat_catch_up")
+    limit = setting(conf, "pglock_beat_catch_up_limit")
     default = catch_up_option(policy, limit, "app.conf")
     for name, spec in (conf.get("beat_schedule") or {}).items():
         options = (spec.get("options") if isinstance(spec, dict) else None) or {}
@@ -114,8 +115,3 @@ def _catch_up_conf(conf: Any) -> tuple[CatchUp, int]:
             f"beat_schedule[{name!r}].options",
         )
     return default
-
-
-def _conf(conf: Any, name: str) -> Any:
-    value = conf.get(name)
-    return APP_DEFAULTS[name] if value is None else value

@@ -20,8 +20,9 @@ import click
 import psycopg
 from celery import Celery
 
-from celery_pglock import keys, ops, policy
-from celery_pglock.config import APP_DEFAULTS, app_settings, redact
+from celery_pglock import ops, policy
+from celery_pglock.config import app_settings, namespace_of, redact
+from celery_pglock.config import tables_of as config_tables
 from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import lock_key
@@ -134,7 +135,7 @@ def app_tasks(app: Celery) -> Mapping[str, Any]:
 
 def namespace(app: Celery) -> str:
     """The app-wide lock namespace (``pglock_namespace``, else the app's main name)."""
-    return keys.namespace(app.conf.get("pglock_namespace"), app.main)
+    return namespace_of(app.conf, app.main)
 
 
 def task_lock_name(app: Celery, task_name: str) -> str | None:
@@ -192,10 +193,7 @@ def resolve_lock(app: Celery, name: str) -> str:
 
 def tables_of(app: Celery) -> Tables:
     """The app's tables from its settings, without needing a DSN."""
-    conf = app.conf
-    schema = conf.get("pglock_schema") or APP_DEFAULTS["pglock_schema"]
-    prefix = conf.get("pglock_table_prefix")
-    return Tables(schema, APP_DEFAULTS["pglock_table_prefix"] if prefix is None else prefix)
+    return config_tables(app.conf)
 
 
 @contextmanager

@@ -7,14 +7,20 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
-from celery_pglock.config import APP_DEFAULTS
+from celery_pglock.config import tables_of
+
+
+def celery_settings() -> dict[str, Any]:
+    """The ``pglock_*`` settings of Django's settings (``CELERY_PGLOCK_*``, the namespace
+    ``config_from_object("django.conf:settings", namespace="CELERY")`` reads)."""
+    names = ("pglock_schema", "pglock_table_prefix")
+    return {name: getattr(settings, f"CELERY_{name.upper()}", None) for name in names}
 
 
 def table(name: str) -> str:
     """The table's name as Django should quote it: schema-qualified unless ``public``."""
-    schema = getattr(settings, "CELERY_PGLOCK_SCHEMA", None) or APP_DEFAULTS["pglock_schema"]
-    prefix = getattr(settings, "CELERY_PGLOCK_TABLE_PREFIX", None)
-    prefix = APP_DEFAULTS["pglock_table_prefix"] if prefix is None else prefix
+    tables = tables_of(celery_settings())
+    schema, prefix = tables.schema, tables.prefix
     if schema == "public":
         return f"{prefix}{name}"
     # Already quoted: Django's PostgreSQL backend then uses it as it is.
