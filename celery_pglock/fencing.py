@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import psycopg
 
+from celery_pglock.config import tables_of
 from celery_pglock.errors import StaleToken
 from celery_pglock.schema import Tables
 
@@ -45,7 +46,4 @@ def default_tables() -> Tables:
     """Our tables as the current Celery app configures them (or the defaults)."""
     from celery import current_app  # noqa: PLC0415 - only needed when no tables are given
 
-    conf = current_app.conf
-    return Tables(
-        conf.get("pglock_schema") or "public", conf.get("pglock_table_prefix") or "pglock_"
-    )
+    return tables_of(current_app.conf)

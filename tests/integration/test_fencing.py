@@ -165,9 +165,6 @@ def test_superseded_holder_cannot_write_through_fence(
     release(db, old, SUCCEEDED)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="fence() reads pglock_table_prefix with `or`: '' -> 'pglock_'"
-)
 def test_fence_without_tables_uses_the_current_apps_empty_table_prefix(
     pg_dsn: str, pglock_schema: str, pg_conn: Conn
 ) -> None:

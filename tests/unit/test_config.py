@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 from celery import Celery
 
+import celery_pglock
 from celery_pglock.config import Settings, TaskOptions, redact, resolve_dsn
 from celery_pglock.errors import ConfigurationError
 
@@ -115,3 +118,23 @@ def test_bad_task_options_are_refused(option: str, value: object, match: str) ->
 def test_lease_zero_turns_the_lease_off() -> None:
     """pglock_lease = 0 disables the server-enforced lease."""
     assert _task(Celery("proj", set_as_current=False), pglock_lease=0).lease is None
+
+
+def test_settings_are_read_in_one_place() -> None:
+    """Only ``celery_pglock.config`` reads ``pglock_*`` settings from a configuration:
+    every other module asks it (``setting``, ``tables_of``, ``namespace_of``, ...), so that
+    one setting never means two things (``fence()`` once read ``pglock_table_prefix = ""``
+    as ``pglock_``)."""
+    package = Path(celery_pglock.__file__).parent
+    reading = re.compile(
+        r"""(conf|settings)\.get\(\s*["']pglock_|getattr\(settings, ["']CELERY_PGLOCK"""
+    )
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "config.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if reading.search(line)
+    ]
+
+    assert [] == found
