@@ -202,3 +202,19 @@ def test_timeout_without_wait_is_refused(tmp_path: Path) -> None:
     assert 125 == done.returncode
     assert "needs wait=True (--wait)" in done.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_command_whose_lock_connection_died_is_recorded_failed(
+    cli: Cli, procs: Procs, pg_conn: Conn
+) -> None:
+    """The lock's session ends while the command runs (the server ended it): the command
+    is stopped and its attempt recorded ``failed``, as a task's would be."""
+    wrapper = cli.start(procs, "--slot", SLOT, "--", sys.executable, "-c", SLEEPER)
+    wrapper.wait_for_log("READY", timeout=20)
+    backend = cli.the_run(pg_conn)["backend_pid"]
+
+    pg_conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+
+    assert 128 + signal.SIGTERM == wrapper.wait(timeout=15), wrapper.log_tail()
+    run = cli.the_run(pg_conn)
+    assert (FAILED, 1) == (run["state"], run["attempts"])

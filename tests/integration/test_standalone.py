@@ -497,3 +497,43 @@ def test_dsn_comes_from_the_environment(
     with advisory_lock(job, schema=pglock_schema) as lock:
         assert lock.acquired
         assert isinstance(lock.connection, psycopg.Connection)
+
+
+@pytest.mark.xfail(strict=True, reason="D1 outside Celery: rolls back on the dead connection")
+def test_transaction_scope_run_whose_connection_died_is_recorded_failed(
+    where: dict[str, Any], job: str, pg_conn: Conn
+) -> None:
+    """D1 outside Celery: a transaction-scope ``run_once`` whose lock connection dies
+    during the body (the server ended the session) records the attempt ``failed``, as a
+    task does, instead of leaving the slot's row as it was."""
+
+    @run_once(job, slot=SLOT, scope="transaction", bind=True, **where)
+    def body(handle: LockHandle) -> None:
+        backend = handle.connection.info.backend_pid
+        pg_conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        handle.connection.execute("SELECT 1")  # the session is gone: OperationalError
+
+    with pytest.raises(psycopg.OperationalError):
+        body()
+
+    run = the_run(pg_conn, where["schema"], job, SLOT)
+    assert (FAILED, 1) == (run["state"], run["attempts"])
+    assert run["reason"].startswith("OperationalError")
+
+
+def test_session_scope_run_whose_connection_died_is_recorded_failed(
+    where: dict[str, Any], job: str, pg_conn: Conn
+) -> None:
+    """The same fault in session scope: the body's error is recorded on a fresh
+    connection, since no newer attempt took the slot over."""
+
+    @run_once(job, slot=SLOT, bind=True, **where)
+    def body(handle: LockHandle) -> None:
+        pg_conn.execute("SELECT pg_terminate_backend(%s)", (handle.connection.info.backend_pid,))
+        raise RuntimeError("the work failed")
+
+    with pytest.raises(RuntimeError):
+        body()
+
+    run = the_run(pg_conn, where["schema"], job, SLOT)
+    assert (FAILED, "RuntimeError: the work failed") == (run["state"], run["reason"])
