@@ -15,7 +15,7 @@ import pytest
 from celery import Celery, Task
 from psycopg import sql
 
-from celery_pglock import PgLockTask, signals
+from celery_pglock import LockLost, PgLockTask, signals
 from celery_pglock.config import app_settings
 from celery_pglock.db import HOSTNAME, Database, close_all, database
 from celery_pglock.keys import lock_key
@@ -259,3 +259,19 @@ def test_failed_run_is_not_watched_after_it_ended(
             wait_until(lambda: lost, timeout=1.0, message="a lock_lost signal")
     finally:
         signals.lock_lost.disconnect(on_lost)
+
+
+@pytest.mark.xfail(strict=True, reason="a slot-less run's rolled-back writes are reported SUCCESS")
+def test_a_run_without_slot_whose_commit_was_lost_fails(
+    rollup: Task[Any, Any], script: Script, db: Database, pg_conn: Conn
+) -> None:
+    """Without a slot too: a transaction-scope run whose session ends before its commit
+    (its writes rolled back) fails with ``LockLost``, as ``advisory_lock`` does; it is not
+    reported a success."""
+    script.body = lambda lease: terminate(pg_conn, lease.connection.info.backend_pid)
+
+    result = rollup.apply(task_id="t-lost")
+
+    assert "FAILURE" == result.state
+    assert isinstance(result.result, LockLost)
+    assert [] == effects(pg_conn, db)
