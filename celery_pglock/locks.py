@@ -273,26 +273,3 @@ def _record_rolled_back(db: Database, lease: Lease) -> None:
     reason = f"connection lost before the commit: {lease.lost_cause}"
     with connect(db.settings) as conn:
         record_failure_after_rollback(conn, db, lease.claim, lease.token, short_reason(reason))
-
-
-def record_transaction_failure(db: Database, lease: Lease, reason: str) -> None:
-    """The body failed: its claim rolls back with it; record the failed attempt. When the
-    lock's connection itself died (server restart, a pooler's crash), on a fresh one: the
-    rollback on the dead one raises, and the slot's row would stay as it was for good."""
-    conn = lease.connection
-    try:
-        conn.rollback()
-    except psycopg.Error:  # behind PgBouncer a dead server can answer InternalError
-        if not conn.closed and not conn.broken:
-            raise
-        with connect(db.settings) as fresh:
-            record_failure_after_rollback(fresh, db, lease.claim, lease.token, reason)
-        return
-    record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
-
-
-def abandon(db: Database, lease: Lease) -> None:
-    """Give the connection back after the body's transaction failed (transaction scope)."""
-    if lease.lease is not None:
-        unwatch(lease)
-    db.putconn(lease.connection, clean=False)

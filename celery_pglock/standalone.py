@@ -30,9 +30,9 @@ from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
 from celery_pglock.db import Connection, Database, database, translate_error
 from celery_pglock.errors import ConfigurationError, LockLost, PgLockError
 from celery_pglock.keys import check_lock_name, check_slot, lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
-from celery_pglock.locks import ARM_SESSION_LEASE, ARM_TRANSACTION_LEASE, abandon, acquire, release
+from celery_pglock.locks import ARM_SESSION_LEASE, ARM_TRANSACTION_LEASE, acquire
 from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
 
 if TYPE_CHECKING:
@@ -190,11 +190,11 @@ def hold(
         yield handle
     except BaseException as exc:
         if not _clean_exit(exc):
-            _fail(db, outcome, exc)
+            settle_failure(db, outcome, exc)
             raise
-        _finish(db, outcome)
+        settle_success(db, outcome)
         raise
-    _finish(db, outcome)
+    settle_success(db, outcome)
 
 
 def make_claim(name: str, slot: str | None, task_name: str | None) -> Claim:
@@ -272,46 +272,6 @@ def _give_back(db: Database, conn: Connection) -> None:
 def _clean_exit(exc: BaseException) -> bool:
     """``sys.exit()`` / ``sys.exit(0)`` inside the block is a success, not a failure."""
     return isinstance(exc, SystemExit) and exc.code in (None, 0)
-
-
-def _finish(db: Database, lease: Lease) -> None:
-    released = release(db, lease, SUCCEEDED)
-    if not released.lost:
-        return
-    if lease.scope == "transaction":
-        raise LockLost(
-            f"lock {lease.lock!r} (token {lease.token}) was lost before its transaction "
-            f"committed, so the block's writes were rolled back: {lease.lost_cause}"
-        )
-    if lease.slot is not None and not released.recorded:
-        raise LockLost(
-            f"lock {lease.lock!r} for slot {lease.slot!r} was lost before this run (token "
-            f"{lease.token}) could record its success: {lease.lost_cause}"
-        )
-
-
-def _fail(db: Database, lease: Lease, exc: BaseException) -> None:
-    """Record ``failed`` (the block's exception matters more than this bookkeeping)."""
-    reason = f"{type(exc).__name__}: {exc}"
-    try:
-        if lease.scope == "session":
-            release(db, lease, FAILED, reason)
-        else:
-            _fail_transaction(db, lease, reason)
-    except Exception:
-        logger.exception(
-            "could not record the failure of %r",
-            lease.lock,
-            extra={"action": "pglock_failure_not_recorded", "lock": lease.lock},
-        )
-
-
-def _fail_transaction(db: Database, lease: Lease, reason: str) -> None:
-    try:
-        lease.connection.rollback()
-        record_failure_after_rollback(lease.connection, db, lease.claim, lease.token, reason)
-    finally:
-        abandon(db, lease)  # the pool's reset frees whatever locks the block took
 
 
 def log_skip(skip: Skip) -> None:

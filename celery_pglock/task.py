@@ -17,7 +17,7 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import policy, rogue, signals, turns, waiting
+from celery_pglock import policy, rogue, runs, signals, turns, waiting
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting, locked_app_wide
 from celery_pglock.db import (
     Database,
@@ -27,16 +27,13 @@ from celery_pglock.db import (
 from celery_pglock.enqueue import SkippedResult, checks_enqueue, skipped_before_publish
 from celery_pglock.errors import (
     DatabaseUnavailable,
-    LockLost,
     TaskSkipped,
 )
 from celery_pglock.events import send_skipped
 from celery_pglock.ledger import (
-    FAILED,
-    SUCCEEDED,
     record_worker_lost,
 )
-from celery_pglock.locks import abandon, acquire, record_transaction_failure, release
+from celery_pglock.locks import acquire
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
@@ -215,19 +212,19 @@ class PgLockMixin:
         try:
             result = self._pglock_body(args, kwargs)
         except TaskSkipped as skipped:
-            self._pglock_finish(db, lease, SUCCEEDED, f"skipped by the task: {skipped.reason}")
+            runs.settle_success(db, lease, f"skipped by the task: {skipped.reason}")
             self._pglock_freed(db, lease)
             self._pglock_report_skip(
                 Skip(skipped.reason, lease.lock, lease.slot, None, lease.token), **skipped.meta
             )
         except BaseException as exc:
-            self._pglock_fail(db, lease, exc)
+            runs.settle_failure(db, lease, exc)
             self._pglock_freed(db, lease)
             raise
         finally:
             stack.pop()
         try:
-            self._pglock_finish(db, lease, SUCCEEDED, None)
+            runs.settle_success(db, lease)
         finally:
             self._pglock_freed(db, lease)
         return result
@@ -261,32 +258,6 @@ class PgLockMixin:
             return self.run(*args, **kwargs)
         finally:
             bodies.discard(id(request))
-
-    def _pglock_finish(self, db: Database, lease: Lease, state: str, reason: str | None) -> None:
-        released = release(db, lease, state, reason)
-        if released.lost and not released.recorded and lease.slot is not None:
-            raise LockLost(
-                f"lock {lease.lock!r} for slot {lease.slot!r} was lost before this run "
-                f"(token {lease.token}) could record its outcome: {lease.lost_cause}"
-            )
-
-    def _pglock_fail(self, db: Database, lease: Lease, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        try:
-            if lease.scope == "session":
-                release(db, lease, FAILED, reason)
-                return
-            record_transaction_failure(db, lease, reason)
-            # Stop the heartbeat for this lease; the pool's reset frees the body's locks.
-            abandon(db, lease)
-        except Exception:  # the body's exception matters more than the bookkeeping's
-            logger.exception(
-                "could not record the failure of %r",
-                lease.lock,
-                extra={"action": "pglock_failure_not_recorded", "lock": lease.lock},
-            )
-            if lease.scope == "transaction":
-                abandon(db, lease)
 
     def _pglock_worker_lost(self, exc: BaseException, args: Any, kwargs: Any) -> int | None:
         """Worker's main process: the child running this request died; record its attempt

@@ -16,8 +16,9 @@ from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import abandon, acquire, release
+from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released, Skip
+from celery_pglock.runs import abandon
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

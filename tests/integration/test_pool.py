@@ -14,7 +14,8 @@ from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import abandon, acquire, release
+from celery_pglock.locks import acquire, release
+from celery_pglock.runs import abandon
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,

@@ -261,7 +261,6 @@ def test_failed_run_is_not_watched_after_it_ended(
         signals.lock_lost.disconnect(on_lost)
 
 
-@pytest.mark.xfail(strict=True, reason="a slot-less run's rolled-back writes are reported SUCCESS")
 def test_a_run_without_slot_whose_commit_was_lost_fails(
     rollup: Task[Any, Any], script: Script, db: Database, pg_conn: Conn
 ) -> None:
