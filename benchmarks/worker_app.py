@@ -25,11 +25,10 @@ from celery_singleton import Singleton  # type: ignore[import-untyped]
 from benchmarks.records import BODY_RAN, SKIP_DECIDED, report, started, time_tasks
 from celery_pglock import PgLockTask, unwaited
 from celery_pglock import signals as pglock_signals
-from celery_pglock.db import HOSTNAME
+from celery_pglock.db import HOSTNAME, application_name
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import holder_application_name
-from celery_pglock.locks import RELEASE_UNWAITED, acquire_fragments
-from celery_pglock.protocol import Claim
+from celery_pglock.locks import acquire_params, lease_ms, release_params
+from celery_pglock.protocol import Claim, Lease
 from celery_pglock.schema import Tables
 
 ENV = os.environ
@@ -134,56 +133,38 @@ class Floor:
             self.conn.autocommit = autocommit
         return self.conn
 
-    def params(self, n: str, slot: str | None, task_id: str) -> dict[str, Any]:
-        """The statements' parameters, as ``locks.acquire``/``release`` build them."""
+    def claim(self, n: str, slot: str | None, task_id: str) -> Claim:
         name = per_message_key(n)
-        claim = Claim(name, lock_key(name), slot, task_id, "bench.floor", pid=os.getpid())
-        return {
-            **claim.params(),
-            "lease_ms": "30000",
-            "application_name": holder_application_name(task_id, os.getpid(), HOSTNAME),
-            "token": None,
-            "state": "succeeded",
-            "reason": None,
-            "idle_default": self.idle_ms,
-            "idle_application_name": f"celery-pglock {os.getpid()}@{HOSTNAME}",
-        }
+        return Claim(name, lock_key(name), slot, task_id, "bench.floor", pid=os.getpid())
 
     def session(self, n: str, slot: str | None, task_id: str) -> None:
         """Our ``acquire`` and ``release`` statements, session scope, sent as we send them:
         without a slot the release is not waited for (its reply is read on the next call)."""
         conn = self.connection(autocommit=True)
-        params = self.params(n, slot, task_id)
-        fragments = acquire_fragments("session", armed=True, slotted=slot is not None)
-        acquire = self.tables.query("acquire", **fragments)
-        row = conn.execute(acquire, params).fetchone()
+        claim = self.claim(n, slot, task_id)
+        params = acquire_params(claim, "session", lease_ms(30.0))
+        statement = "acquire" if slot is not None else "acquire_mutex"
+        row = conn.execute(self.tables.query(statement), params).fetchone()
         assert row is not None
         if slot is None:
-            release_params = [self.idle_ms, params["idle_application_name"]]
-            unwaited.send(conn, RELEASE_UNWAITED, release_params, timeout=5.0)
+            release = [self.idle_ms, application_name()]
+            unwaited.send(conn, self.tables.query("release_unwaited"), release, timeout=5.0)
             self.reply_pending = True
             return
-        params["token"] = row[2]  # acquired, key, token, ...
-        release = self.tables.query(
-            "release",
-            unlock="pg_advisory_unlock_all()",
-            disarm_lease="set_config('idle_session_timeout', %(idle_default)s, false)",
-        )
-        conn.execute(release, params).fetchone()
+        lease = Lease(claim, "session", conn, token=row[2], attempts=row[3], lease=30.0)
+        done = release_params(lease, "succeeded", None, self.idle_ms)
+        conn.execute(self.tables.query("release"), done).fetchone()
 
     def transaction(self, n: str, slot: str, task_id: str) -> None:
         """Transaction scope: BEGIN, acquire, release, COMMIT (psycopg's BEGIN/COMMIT)."""
         conn = self.connection(autocommit=False)
-        params = self.params(n, slot, task_id)
-        fragments = acquire_fragments("transaction", armed=True, slotted=True)
-        acquire = self.tables.query("acquire", **fragments)
-        row = conn.execute(acquire, params).fetchone()
+        claim = self.claim(n, slot, task_id)
+        params = acquire_params(claim, "transaction", lease_ms(30.0))
+        row = conn.execute(self.tables.query("acquire"), params).fetchone()
         assert row is not None
-        params["token"] = row[2]  # acquired, key, token, ...
-        release = self.tables.query(
-            "release", unlock="pg_advisory_unlock_all()", disarm_lease="NULL"
-        )
-        conn.execute(release, params).fetchone()
+        lease = Lease(claim, "transaction", conn, token=row[2], attempts=row[3], lease=30.0)
+        done = release_params(lease, "succeeded", None, None)
+        conn.execute(self.tables.query("release"), done).fetchone()
         conn.commit()
 
     def minimal(self, n: str) -> None:

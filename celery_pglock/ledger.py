@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -20,12 +21,11 @@ from celery_pglock.config import Settings
 from celery_pglock.db import Connection, Database, connect
 from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.protocol import Claim, Skip
-from celery_pglock.schema import Tables
 
 logger = logging.getLogger("celery_pglock")
 
 MAX_REASON_LENGTH = 500
-# Why a `running` row became `failed` without its attempt saying so (``abandon_orphans``,
+# Why a `running` row became `failed` without its attempt saying so (``sweep_orphans``,
 # or the skip of a redelivery that found it). record_outcome recognises the prefix.
 ABANDONED = (
     "abandoned: the attempt's session ended without recording an outcome (its worker "
@@ -53,14 +53,16 @@ def log_skip(
     claim: Claim,
     reason: str,
     *,
-    held: str,
+    held: bool,
     newer_slot: str | None = None,
 ) -> Skip:
-    """Append the skip to the log and explain it. ``held`` is the SQL that frees our lock;
-    ``newer_slot`` the succeeded slot that supersedes this one, if any."""
-    query = db.tables.query("skip", unlock=held)
+    """Append the skip to the log and explain it. ``held``: this attempt got the lock (the
+    slot turned out done, superseded or late), which the statement frees; ``newer_slot``
+    the succeeded slot that supersedes this one, if any."""
+    query = db.tables.query("skip")
     params = {
         **claim.params(),
+        "held": held,
         "reason": reason,
         "newer_slot": newer_slot,
         "abandoned_reason": ABANDONED,
@@ -77,15 +79,15 @@ ORPHAN_SWEEP_PARAMS = {"limit": ORPHAN_SWEEP_LIMIT, "reason": ABANDONED}
 ABANDONED_COLUMNS = ("lock_name", "slot", "token", "task_id", "host", "pid")
 
 
-def abandon_orphans(conn: Connection, tables: Tables) -> list[dict[str, Any]]:
+# Runs one named statement with its parameters, on a connection the caller chose (the
+# beat leader's own, in leader mode); its rows.
+RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
+
+
+def sweep_orphans(run_query: RunQuery) -> list[dict[str, Any]]:
     """Record ``failed`` (abandoned) the oldest ``running`` rows whose attempt's session is
     gone; returns them, logged. The beat leader runs it every few seconds."""
-    rows = conn.execute(tables.query("abandon_orphans"), ORPHAN_SWEEP_PARAMS).fetchall()
-    return abandoned(rows)
-
-
-def abandoned(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """The rows ``abandon_orphans`` returned, as dicts, each logged."""
+    rows = run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS)
     found = [dict(zip(ABANDONED_COLUMNS, row, strict=True)) for row in rows]
     report_abandoned(found)
     return found
@@ -244,10 +246,3 @@ def record_failure_after_rollback(
     params = {**claim.params(), "token": token, "reason": short_reason(reason)}
     with conn.transaction():
         conn.execute(db.tables.query("record_failure_after_rollback"), params)
-
-
-def run_state(conn: Connection, db: Database, lock_name: str, slot: str) -> dict[str, Any] | None:
-    """The ledger row of one run, as a dict (or None)."""
-    query = db.tables.render("SELECT * FROM {runs} WHERE lock_name = %(n)s AND slot = %(s)s")
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, {"n": lock_name, "s": slot}).fetchone()

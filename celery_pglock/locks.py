@@ -42,62 +42,45 @@ from celery_pglock.ledger import (
     short_reason,
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
-from celery_pglock.schema import query_texts
 
 logger = logging.getLogger("celery_pglock")
 
-TRY_LOCK = {"session": "pg_try_advisory_lock", "transaction": "pg_try_advisory_xact_lock"}
-# The `lock` fragment of `acquire`: whether it got a key, and which.
-LOCK_ONE = "SELECT {try_lock}(%(key)s) AS acquired, %(key)s::bigint AS key"
-# pglock_concurrency > 1: the first free one of the lock name's keys, tried in order.
-LOCK_ANY = (
-    "SELECT k IS NOT NULL AS acquired, k AS key "
-    "FROM {{try_lock_any}}(%(keys)s::bigint[], %(slot_lock)s::integer[], {xact}) AS k"
-)
-# unlock_all: the connection is this execution's alone, and a lock the body took on it
-# (even ours again: session locks are re-entrant) must not go back to the pool.
-UNLOCK = {"session": "pg_advisory_unlock_all()", "transaction": "pg_advisory_unlock_all()"}
-ARM_SESSION_LEASE = "set_config('idle_session_timeout', %(lease_ms)s, false)"
-# is_local=true: PostgreSQL reverts it when the transaction ends, no disarm needed.
-ARM_TRANSACTION_LEASE = "set_config('idle_in_transaction_session_timeout', %(lease_ms)s, true)"
-DISARM_SESSION_LEASE = "set_config('idle_session_timeout', %(idle_default)s, false)"
-# The ledger CTEs of `acquire` for a lock without a slot: nothing to look up or claim.
-NO_LEDGER = (
-    "stale AS (SELECT NULL::text AS newer_slot, false AS late), "
-    "claim AS (SELECT NULL::integer AS attempts WHERE false)"
-)
-# The release of a session-scope lock without a slot, sent unwaited: libpq placeholders
-# ($1: the configured idle_session_timeout, $2: the pooled application_name).
-RELEASE_UNWAITED = (
-    b"SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', $1, false),"
-    b" set_config('application_name', $2, false)"
-)
-RELEASE_UNWAITED_PRE14 = (  # no lease to disarm; $1: the pooled application_name
-    b"SELECT pg_advisory_unlock_all(), set_config('application_name', $1, false)"
-)
 IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
-def acquire_fragments(
-    scope: Scope, *, armed: bool, slotted: bool, concurrency: int = 1
-) -> dict[str, str]:
-    """The fragments of the ``acquire`` query: the try-lock, the lease, the ledger claim."""
-    arm = ARM_SESSION_LEASE if scope == "session" else ARM_TRANSACTION_LEASE
-    if concurrency == 1:
-        lock = LOCK_ONE.replace("{try_lock}", TRY_LOCK[scope])
-    else:
-        lock = LOCK_ANY.format(xact="true" if scope == "transaction" else "false")
+def lease_ms(seconds: float | None) -> str | None:
+    """A lease for the statements (``set_lease``): milliseconds, or None for none."""
+    return None if seconds is None else str(max(1, round(seconds * 1000)))
+
+
+def acquire_params(claim: Claim, scope: Scope, lease: str | None) -> dict[str, Any]:
+    """The parameters of the ``acquire`` statement; ``lease``: milliseconds, or None."""
     return {
-        "lock": lock,
-        "arm_lease": arm if armed else "NULL",
-        "ledger": query_texts()["acquire_ledger"] if slotted else NO_LEDGER,
+        **claim.params(),
+        "xact": scope == "transaction",
+        "lease_ms": lease,
+        "application_name": holder_application_name(claim.task_id, os.getpid(), claim.host),
     }
 
 
-def _fragments(db: Database, scope: Scope, lease: float | None, claim: Claim) -> dict[str, str]:
-    armed = lease is not None and (scope == "transaction" or db.lease_supported)
-    slotted = claim.slot is not None
-    return acquire_fragments(scope, armed=armed, slotted=slotted, concurrency=claim.concurrency)
+def release_params(
+    lease: Lease, state: str, reason: str | None, disarm: str | None
+) -> dict[str, Any]:
+    """The parameters of the ``release`` statement; ``disarm``: the lease to put back (the
+    session's configured value), or None."""
+    return {
+        **lease.claim.params(),
+        "token": lease.token,
+        "state": state,
+        "reason": short_reason(reason) if reason else None,
+        "disarm_ms": disarm,
+        "idle_application_name": application_name(),
+    }
+
+
+def _armed(db: Database, scope: Scope, lease: float | None) -> str | None:
+    """The lease to arm: none when off, nor in session scope before PostgreSQL 14."""
+    return lease_ms(lease) if scope == "transaction" or db.lease_supported else None
 
 
 def acquire(
@@ -113,14 +96,10 @@ def acquire(
     ``waited``: a connection of ``db`` that already waited for the lock (the ``wait_lock``
     query), used instead of a pooled one; re-entrant advisory locks make the try succeed.
     """
-    params = {
-        **claim.params(),
-        "lease_ms": str(round(lease * 1000)) if lease else "0",
-        "application_name": holder_application_name(claim.task_id, os.getpid(), claim.host),
-    }
+    params = acquire_params(claim, scope, _armed(db, scope, lease))
     if scope == "session":
         db.check_session_scope()
-    query = db.tables.query("acquire", **_fragments(db, scope, lease, claim))
+    query = db.tables.query("acquire" if claim.slot is not None else "acquire_mutex")
     conn, row = _execute_acquire(db, query, params, scope, waited)
     if not row[0]:
         # The holder may have just ended, its release sent unwaited and not yet read by
@@ -176,9 +155,8 @@ def _skip(
     reason: str = "locked",
     newer: str | None = None,
 ) -> Skip:
-    unlock = UNLOCK[scope] if held else "NULL"
     try:
-        skip = log_skip(conn, db, claim, reason, held=unlock, newer_slot=newer)
+        skip = log_skip(conn, db, claim, reason, held=held, newer_slot=newer)
         if scope == "transaction":
             conn.commit()
     except psycopg.Error as exc:
@@ -197,16 +175,10 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     conn = lease.connection
     if _release_unwaited(db, lease):
         return Released(recorded=False, lost=lease.known_lost)
-    params = {
-        **lease.claim.params(),
-        "token": lease.token,
-        "state": state,
-        "reason": short_reason(reason) if reason else None,
-        "idle_default": db.idle_defaults["idle_session_timeout"],
-        "idle_application_name": application_name(),
-    }
-    disarm = DISARM_SESSION_LEASE if lease.scope == "session" and db.lease_supported else "NULL"
-    query = db.tables.query("release", unlock=UNLOCK[lease.scope], disarm_lease=disarm)
+    session = lease.scope == "session" and db.lease_supported
+    disarm = db.idle_defaults["idle_session_timeout"] if session else None
+    params = release_params(lease, state, reason, disarm)
+    query = db.tables.query("release")
     try:
         if lease.scope == "session" and conn.info.transaction_status != IDLE:
             conn.rollback()  # the body left it open; the pool would roll back our outcome too
@@ -235,13 +207,12 @@ def _release_unwaited(db: Database, lease: Lease) -> bool:
         return False  # an outcome to record, or a transaction to commit
     if conn.closed or conn.info.transaction_status != IDLE or not unwaited.quiet(conn):
         return False  # the body left a transaction open, or the server spoke (ended it?)
-    if db.lease_supported:
-        query = RELEASE_UNWAITED
-        params = [db.idle_defaults["idle_session_timeout"], application_name()]
-    else:
-        query, params = RELEASE_UNWAITED_PRE14, [application_name()]
+    disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
+    params = [disarm, application_name()]
     try:
-        unwaited.send(conn, query, params, db.settings.connect_timeout)
+        unwaited.send(
+            conn, db.tables.query("release_unwaited"), params, db.settings.connect_timeout
+        )
     except psycopg.Error as exc:
         db.putconn(conn, clean=False)  # closed if broken: its session, and lock, are gone
         lease.mark_lost(f"connection lost before the lock was released: {exc}")

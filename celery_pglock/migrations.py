@@ -25,10 +25,11 @@ def migration_key(tables: schema.Tables) -> int:
 def current_version(conn: Connection, tables: schema.Tables) -> int | None:
     """The applied schema version, or None when our tables do not exist."""
     qualified = tables.table("schema_version").as_string()
-    exists = conn.execute(schema.VERSION_TABLE_EXISTS_SQL, {"table": qualified}).fetchone()
+    query = schema.statement("version_table_exists")
+    exists = conn.execute(query, {"table": qualified}).fetchone()
     if not exists or not exists[0]:
         return None
-    row = conn.execute(tables.render(schema.CURRENT_VERSION_SQL)).fetchone()
+    row = conn.execute(tables.query("current_version")).fetchone()
     return row[0] if row else None
 
 
@@ -51,18 +52,18 @@ def apply_migrations(conn: Connection, tables: schema.Tables) -> list[int]:
     """Apply missing migrations in one transaction; concurrent callers wait, then no-op."""
     applied: list[int] = []
     with conn.transaction():
-        # Whatever default_transaction_isolation says: a waiter must see the winner's rows.
-        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        conn.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": migration_key(tables)})
-        exists = conn.execute(schema.SCHEMA_EXISTS_SQL, {"schema": tables.schema}).fetchone()
+        conn.execute(schema.statement("read_committed"))
+        conn.execute(schema.statement("migration_lock"), {"key": migration_key(tables)})
+        query = schema.statement("schema_exists")
+        exists = conn.execute(query, {"schema": tables.schema}).fetchone()
         if not exists or not exists[0]:
-            conn.execute(tables.render(schema.CREATE_SCHEMA_SQL))
-        conn.execute(tables.render(schema.VERSION_TABLE_SQL))
+            conn.execute(tables.query("create_schema"))
+        conn.execute(tables.query("create_version_table"))
         done = current_version(conn, tables) or 0
         for version, _ in schema.migrations():
             if version > done:
                 conn.execute(tables.migration_sql(version).encode())
-                conn.execute(tables.render(schema.RECORD_VERSION_SQL), {"version": version})
+                conn.execute(tables.query("record_version"), {"version": version})
                 applied.append(version)
     if applied:
         logger.info(

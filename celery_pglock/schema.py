@@ -43,13 +43,22 @@ TABLE_OBJECTS = (
     "audit_slot_idx",
 )
 # Functions: schema-qualified and prefixed like the tables.
-FUNCTIONS = ("holds_lock", "next_token", "try_lock_any", "any_held")
+FUNCTIONS = (
+    "holds_lock",
+    "next_token",
+    "try_lock_any",
+    "any_held",
+    "grant_lock",
+    "set_lease",
+    "label_session",
+)
 QUERY_FILES = (
     "queries.sql",
     "beat_queries.sql",
     "ops_queries.sql",
     "control_queries.sql",
     "waiting_queries.sql",
+    "schema_queries.sql",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 
@@ -66,10 +75,15 @@ def _read(name: str) -> str:
 def query_texts() -> dict[str, str]:
     """Every named query of the packaged ``sql/*queries.sql`` files, by name."""
     texts: dict[str, str] = {}
+    where: dict[str, str] = {}
     for filename in QUERY_FILES:
-        if resources.files("celery_pglock").joinpath("sql").joinpath(filename).is_file():
-            parts = _QUERY_HEADER.split(_read(filename))
-            texts.update(zip(parts[1::2], (body.strip() for body in parts[2::2]), strict=True))
+        parts = _QUERY_HEADER.split(_read(filename))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in texts:
+                raise ConfigurationError(
+                    f"query {name!r} is named twice: in {where[name]} and in {filename}"
+                )
+            texts[name], where[name] = body.strip(), filename
     return texts
 
 
@@ -83,6 +97,12 @@ def migrations() -> tuple[tuple[int, str], ...]:
 
 def latest_version() -> int:
     return migrations()[-1][0]
+
+
+@cache
+def statement(name: str) -> bytes:
+    """A named statement that names none of our tables (a ping, a setting), as bytes."""
+    return sql.SQL(query_texts()[name]).format().as_string().encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -124,15 +144,10 @@ class Tables:
         composed = sql.SQL(text).format(**self.identifiers, **fragments)
         return composed.as_string().encode("utf-8")
 
-    def query(self, name: str, **fragments: str) -> bytes:
-        """A named query; ``fragments`` are SQL constants from our own code or other named
-        queries, never input (their braces name our tables too)."""
-        return self._query(name, tuple(sorted(fragments.items())))
-
     @cache  # noqa: B019 - Tables are few, frozen and live as long as the process
-    def _query(self, name: str, fragments: tuple[tuple[str, str], ...]) -> bytes:
-        parts = {key: sql.SQL(text).format(**self.identifiers) for key, text in fragments}
-        return self.render(query_texts()[name], **parts)
+    def query(self, name: str) -> bytes:
+        """A named statement of ``sql/*queries.sql``, whole, for these tables."""
+        return self.render(query_texts()[name])
 
     def migration_sql(self, version: int) -> str:
         """The SQL of one migration with identifiers filled in."""
@@ -141,25 +156,9 @@ class Tables:
 
     def full_schema_sql(self) -> str:
         """Everything ``migrate`` would run on an empty database, for a DBA to review."""
-        parts = [self.render(CREATE_SCHEMA_SQL).decode(), self.render(VERSION_TABLE_SQL).decode()]
+        parts = [self.query("create_schema").decode(), self.query("create_version_table").decode()]
+        record = query_texts()["record_version_in_script"]
         for version, _ in migrations():
             parts.append(self.migration_sql(version))
-            parts.append(
-                self.render(RECORD_VERSION_SQL.replace("%(version)s", str(version))).decode()
-            )
+            parts.append(self.render(record, version=sql.Literal(version)).decode())
         return "\n".join(part.strip() + "\n" for part in parts)
-
-
-CREATE_SCHEMA_SQL = "CREATE SCHEMA IF NOT EXISTS {schema};"
-VERSION_TABLE_SQL = """
-CREATE TABLE IF NOT EXISTS {schema_version} (
-    version    integer     PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);"""
-RECORD_VERSION_SQL = (
-    "INSERT INTO {schema_version} (version) VALUES (%(version)s) ON CONFLICT DO NOTHING;"
-)
-CURRENT_VERSION_SQL = "SELECT max(version) FROM {schema_version}"
-# By exact name: to_regnamespace() would parse (and case-fold) the name as SQL syntax.
-SCHEMA_EXISTS_SQL = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
-VERSION_TABLE_EXISTS_SQL = "SELECT to_regclass(%(table)s) IS NOT NULL"

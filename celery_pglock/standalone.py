@@ -30,7 +30,7 @@ from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
 from celery_pglock.db import Connection, Database, database, translate_error
 from celery_pglock.errors import ConfigurationError, LockLost, PgLockError
 from celery_pglock.keys import check_lock_name, check_slot, lock_key
-from celery_pglock.locks import ARM_SESSION_LEASE, ARM_TRANSACTION_LEASE, acquire
+from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
@@ -46,10 +46,6 @@ Dsn = str | Callable[[], str] | None
 NameOption = str | Callable[..., str]
 SlotOption = str | Callable[..., str] | None
 
-WAIT_LOCK: dict[Scope, str] = {
-    "session": "pg_advisory_lock",
-    "transaction": "pg_advisory_xact_lock",
-}
 # lock_timeout ran out, or a statement_timeout set by a DBA cut the wait short.
 WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
 
@@ -219,15 +215,15 @@ def _acquire(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
 
 def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | None:
     """A connection of ``db`` that holds lock ``key``, or None when the wait ran out."""
-    query = db.tables.query(
-        "wait_lock",
-        lock=WAIT_LOCK[options.scope],
-        arm_lease=_arm_lease(db, options.scope, options.lease_seconds),
-    )
+    query = db.tables.query("wait_lock")
+    xact = options.scope == "transaction"
+    armed = options.lease_seconds is not None and (xact or db.lease_supported)
     params = {
         "key": key,
+        "xact": xact,
         "timeout_ms": _milliseconds(options.timeout),
-        "lease_ms": _milliseconds(options.lease_seconds),
+        # As locks.acquire arms it: a lease that also covers the moment after the grant.
+        "lease_ms": lease_ms(options.lease_seconds) if armed else None,
     }
     for attempt in range(2):
         conn = db.getconn()
@@ -248,13 +244,6 @@ def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | 
         else:
             return conn
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _arm_lease(db: Database, scope: Scope, lease: float | None) -> str:
-    # As locks.acquire arms it: a lease that also covers the moment after the grant.
-    if lease is None or (scope == "session" and not db.lease_supported):
-        return "NULL"
-    return ARM_SESSION_LEASE if scope == "session" else ARM_TRANSACTION_LEASE
 
 
 def _milliseconds(seconds: float | None) -> str:

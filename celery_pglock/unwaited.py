@@ -27,12 +27,13 @@ def quiet(conn: Connection) -> bool:
     return not _ready(conn.pgconn.socket, write=False, timeout=0)
 
 
-def send(conn: Connection, query: bytes, params: Sequence[str], timeout: float) -> None:
-    """Send ``query`` ($1, $2… placeholders, text parameters) and return at once."""
+def send(conn: Connection, query: bytes, params: Sequence[str | None], timeout: float) -> None:
+    """Send ``query`` ($1, $2… placeholders, text parameters or NULL) and return at once."""
     encoding = conn.info.encoding
+    values = [None if param is None else param.encode(encoding) for param in params]
     with conn.lock:
         pgconn = conn.pgconn
-        pgconn.send_query_params(query, [param.encode(encoding) for param in params])
+        pgconn.send_query_params(query, values)
         while pgconn.flush():  # 1 while part of it waits for room in the socket
             _wait(pgconn, timeout, write=True)
 

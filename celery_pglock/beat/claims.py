@@ -9,16 +9,14 @@ the leader's own connection in leader mode, so that a replica whose session was 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from celery_pglock import slots, waiting
 from celery_pglock.beat.planner import Due
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import ORPHAN_SWEEP_PARAMS, abandoned
-
-RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
+from celery_pglock.ledger import RunQuery, sweep_orphans
 
 
 class Claimed(NamedTuple):
@@ -94,7 +92,7 @@ class BeatClaims:
 
     def sweep_orphans(self) -> None:
         """Record failed the ledger rows a dead attempt left running (they are final then)."""
-        abandoned(self._run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS))
+        sweep_orphans(self._run_query)
 
     def sweep_waiting(self) -> list[tuple[Any, ...]]:
         """Waiting slots (``buffer_one``) whose lock nobody holds, to send again; those

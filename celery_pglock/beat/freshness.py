@@ -18,10 +18,10 @@ from typing import Any
 
 from celery_pglock import signals, slots
 from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.ledger import RunQuery
 
 logger = logging.getLogger("celery_pglock.beat")
 
-RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
 CHECK_EVERY = 1.0  # seconds between two looks: an alert within a tick of its deadline
 
 

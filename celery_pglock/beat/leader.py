@@ -30,14 +30,12 @@ from celery_pglock.db import (
 )
 from celery_pglock.errors import PgLockError
 from celery_pglock.heartbeat import unwatch, watch
+from celery_pglock.locks import lease_ms
+from celery_pglock.migrations import ensure_schema
 from celery_pglock.protocol import Claim, Lease
 
 logger = logging.getLogger("celery_pglock.beat")
 
-WAIT_FOR_LEADERSHIP_SQL = "SELECT pg_advisory_lock(%(key)s)"
-ARM_LEASE_SQL = "SELECT set_config('idle_session_timeout', %(lease_ms)s, false)"
-# pg_stat_activity says which replica leads (`celery pglock status` reads it).
-NAME_SESSION_SQL = "SELECT set_config('application_name', %(name)s, false)"
 RETRY_DELAY = 1.0
 
 
@@ -54,6 +52,7 @@ class LeaderElection:
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.tables = settings.tables
         self.claim = Claim(lock_name=lock_name, key=key, slot=None, task_id=None, task_name=None)
         self.lease_seconds = lease
         self.on_change = on_change
@@ -139,7 +138,7 @@ class LeaderElection:
         self._waiting = conn
         try:
             watch_client(conn)  # a standby that dies must leave the lock queue at once
-            conn.execute(WAIT_FOR_LEADERSHIP_SQL, {"key": self.claim.key})
+            conn.execute(self.tables.query("leader_wait"), {"key": self.claim.key})
             if self._closed.is_set():
                 _close_quietly(conn)
                 return
@@ -151,16 +150,18 @@ class LeaderElection:
             self._waiting = None
 
     def _promote(self, conn: Connection) -> None:
-        conn.execute(NAME_SESSION_SQL, {"name": application_name(" beat leader")})
+        # Our functions label the session and arm the lease: the schema must exist.
+        ensure_schema(conn, self.tables, auto_migrate=self.settings.auto_migrate)
         lease: float | None = None
         if conn.info.server_version >= LEASE_MIN_SERVER_VERSION:
-            conn.execute(ARM_LEASE_SQL, {"lease_ms": str(round(self.lease_seconds * 1000))})
             lease = self.lease_seconds
         else:
             logger.warning(
                 "PostgreSQL < 14: a frozen beat leader keeps leadership until it dies",
                 extra={"action": "pglock_lease_unavailable"},
             )
+        params = {"name": application_name(" beat leader"), "lease_ms": lease_ms(lease)}
+        conn.execute(self.tables.query("leader_arm"), params)
         granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease=lease)
         self._standby.clear()
         self._outage = False

@@ -102,3 +102,12 @@ SELECT %(namespace)s, task_name, min(entry)
   FROM unnest(%(tasks)s::text[], %(entries)s::text[]) AS w(task_name, entry)
  GROUP BY task_name
 ON CONFLICT (namespace, task_name) DO UPDATE SET entry = EXCLUDED.entry, seen_at = now();
+
+-- name: leader_wait
+-- A standby waits here, in the server's lock queue, until the leader's session ends.
+SELECT pg_advisory_lock(%(key)s);
+
+-- name: leader_arm
+-- The new leader: its session labelled (`celery pglock status` says which replica leads)
+-- and its lease armed (%(lease_ms)s NULL before PostgreSQL 14: none).
+SELECT {label_session}(%(name)s), {set_lease}(%(lease_ms)s, false);

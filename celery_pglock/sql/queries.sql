@@ -1,50 +1,26 @@
 -- Named queries of celery-pglock. `-- name: X` starts a query; braces are identifiers
--- (tables) or fragments chosen by the caller; %(x)s are bound parameters.
+-- (our tables and functions); %(x)s are bound parameters. Each statement is whole: what a
+-- call changes comes in its parameters, never as spliced SQL text.
 
 -- name: acquire
--- One round trip: try the advisory lock; if granted, take a fencing token, arm the
--- lease and record the holder. The `ledger` fragment is `acquire_ledger` (below) when
--- the message has a slot; for a lock without one, CTEs that claim nothing (`NO_LEDGER`
--- in locks.py), so that such a lock costs the server no look-up in the ledger. The `lock`
--- fragment tries the lock's one key, or under `pglock_concurrency` its N keys in turn
--- (`LOCK_ONE`, `LOCK_ANY` in locks.py), and names the key it got.
-WITH lock AS (
-    {lock}
-), granted AS (
-    SELECT {next_token}() AS token,
-           set_config('application_name', %(application_name)s, false) AS application_name,
-           {arm_lease} AS lease
-    FROM lock WHERE acquired
-), holder AS (
-    INSERT INTO {holders} AS h (lock_key, lock_name, slot, task_id, host, pid, backend_pid, token,
-                                concurrency)
-    SELECT lock.key, %(lock_name)s, %(slot)s, %(task_id)s, %(host)s, %(pid)s, pg_backend_pid(),
-           token, %(concurrency)s
-    FROM granted, lock
-    ON CONFLICT (lock_key) DO UPDATE
-        SET lock_name = EXCLUDED.lock_name, slot = EXCLUDED.slot, task_id = EXCLUDED.task_id,
-            host = EXCLUDED.host, pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid,
-            token = EXCLUDED.token, since = now(), concurrency = EXCLUDED.concurrency
-    RETURNING token
-), {ledger}
-SELECT (SELECT acquired FROM lock) AS acquired,
-       (SELECT key FROM lock) AS key,
-       (SELECT token FROM holder) AS token,
-       (SELECT attempts FROM claim) AS attempts,
-       (SELECT newer_slot FROM stale) AS newer_slot,
-       (SELECT late FROM stale) AS late;
-
--- name: acquire_ledger
--- The ledger part of `acquire`: claim the slot's row (a succeeded slot is never claimed).
--- Coalescing (`stale`): a time slot is not claimed when a newer time slot of the same
--- lock (and beat entry) already succeeded (newer_than is our slot, NULL when the policy
--- is off), or when it is older than max_lateness seconds (slot_time). Time slots are
--- fixed-width ISO strings (slot_pattern): they sort as text.
+-- One round trip for a message with a slot: try the lock (`grant_lock`: with a token,
+-- the lease, the session's label and the holder row) and claim the slot's ledger row (a
+-- succeeded slot is never claimed). %(xact)s: transaction scope; %(lease_ms)s NULL: no
+-- lease. Coalescing (`stale`): a time slot is not claimed when a newer time slot of the
+-- same lock (and beat entry) already succeeded (newer_than is our slot, NULL when the
+-- policy is off), or when it is older than max_lateness seconds (slot_time). Time slots
+-- are fixed-width ISO strings (slot_pattern): they sort as text.
 -- The look-up's last two tests sit in a CASE so that the planner does not guess them
 -- nearly never true: that guess priced the generic plan so high that, once the ledger
 -- had statistics, this statement was planned afresh on every claim (a third slower at
--- a million rows). The CASE changes the estimate, not the result.
-stale AS (
+-- a million rows). The CASE changes the estimate, not the result. For the same reason a
+-- lock without a slot has a statement of its own (`acquire_mutex`): sharing this one,
+-- its cheap plans made PostgreSQL plan every claim afresh.
+WITH lock AS MATERIALIZED (
+    SELECT * FROM {grant_lock}(%(keys)s::bigint[], %(slot_lock)s::integer[], %(xact)s,
+                               %(lease_ms)s, %(application_name)s, %(lock_name)s, %(slot)s,
+                               %(task_id)s, %(host)s, %(pid)s, %(concurrency)s)
+), stale AS (
     SELECT (SELECT n.slot FROM {runs} n
              WHERE n.lock_name = %(lock_name)s AND n.slot > %(newer_than)s::text
                AND n.state = 'succeeded'
@@ -57,10 +33,10 @@ stale AS (
 ), claim AS (
     INSERT INTO {runs} AS r (lock_name, slot, lock_key, state, attempts, token, task_id,
                              task_name, host, pid, backend_pid, started_at, entry)
-    SELECT %(lock_name)s, %(slot)s, lock.key, 'running', 1, token, %(task_id)s,
+    SELECT %(lock_name)s, %(slot)s, lock.key, 'running', 1, lock.token, %(task_id)s,
            %(task_name)s, %(host)s, %(pid)s, pg_backend_pid(), now(), %(entry)s
-    FROM granted, stale, lock
-    WHERE %(slot)s::text IS NOT NULL AND stale.newer_slot IS NULL AND NOT stale.late
+    FROM lock, stale
+    WHERE lock.acquired AND stale.newer_slot IS NULL AND NOT stale.late
     ON CONFLICT (lock_name, slot) DO UPDATE
         SET state = 'running', attempts = r.attempts + 1, token = EXCLUDED.token,
             lock_key = EXCLUDED.lock_key, task_id = EXCLUDED.task_id,
@@ -74,6 +50,18 @@ stale AS (
                    AND {holds_lock}(r.backend_pid, r.lock_key))
     RETURNING attempts
 )
+SELECT lock.acquired, lock.key, lock.token, (SELECT attempts FROM claim) AS attempts,
+       stale.newer_slot, stale.late
+  FROM lock, stale;
+
+-- name: acquire_mutex
+-- One round trip for a lock without a slot (mutual exclusion only): `acquire` without
+-- the ledger, which such a lock never reads. Columns as `acquire` returns them.
+SELECT acquired, key, token, NULL::integer AS attempts, NULL::text AS newer_slot,
+       false AS late
+  FROM {grant_lock}(%(keys)s::bigint[], %(slot_lock)s::integer[], %(xact)s, %(lease_ms)s,
+                    %(application_name)s, %(lock_name)s, %(slot)s, %(task_id)s, %(host)s,
+                    %(pid)s, %(concurrency)s);
 
 -- name: wait_lock
 -- Wait in the server's lock queue (first come, first served) for the advisory lock, at
@@ -84,15 +72,20 @@ stale AS (
 WITH armed AS (
     SELECT current_setting('lock_timeout') AS previous,
            set_config('lock_timeout', %(timeout_ms)s, true) AS lock_timeout,
-           {arm_lease} AS lease
+           {set_lease}(%(lease_ms)s, %(xact)s) AS lease
 ), waited AS (
-    SELECT {lock}(%(key)s) AS waited FROM armed
+    SELECT CASE WHEN %(xact)s THEN pg_advisory_xact_lock(%(key)s)
+                ELSE pg_advisory_lock(%(key)s) END AS waited
+      FROM armed
 )
 SELECT set_config('lock_timeout', armed.previous, true) AS lock_timeout FROM armed, waited;
 
 -- name: release
 -- One round trip: record the outcome (only if this attempt still owns the row) and
--- free the lock; disarm the lease so the pooled connection may idle. The unlock is
+-- free the lock (unlock_all: the connection is this execution's alone, and a lock the body
+-- took on it, even ours again, must not go back to the pool); disarm the lease so the
+-- pooled connection may idle (%(disarm_ms)s: the configured value; NULL in transaction
+-- scope, whose lease ends with the transaction, and before PostgreSQL 14). The unlock is
 -- computed from the aggregate over `done`, so it runs after the UPDATE has locked the
 -- row: a claimer that gets the lock before our commit waits on that row, then sees
 -- `succeeded`.
@@ -104,10 +97,17 @@ WITH done AS (
     RETURNING 1
 )
 SELECT outcome.recorded,
-       {unlock} AS released,
-       {disarm_lease} AS lease,
-       set_config('application_name', %(idle_application_name)s, false) AS application_name
+       pg_advisory_unlock_all() AS released,
+       {set_lease}(%(disarm_ms)s, false) AS lease,
+       {label_session}(%(idle_application_name)s) AS application_name
   FROM (SELECT count(*) AS recorded FROM done) AS outcome;
+
+-- name: release_unwaited
+-- The release of a session-scope lock without a slot, sent without waiting for its reply
+-- (locks.py): nothing to record. libpq placeholders, as it is sent below psycopg: $1 the
+-- session's configured idle_session_timeout (NULL before PostgreSQL 14: no lease to
+-- disarm), $2 the pooled application_name.
+SELECT pg_advisory_unlock_all(), {set_lease}($1, false), {label_session}($2);
 
 -- name: record_outcome
 -- After the lock's connection broke: record the outcome on a fresh connection, but only
@@ -196,7 +196,7 @@ ON CONFLICT (lock_name, slot) DO UPDATE
 -- `superseded` if the live holder runs a newer time slot of the same lock (and beat
 -- entry) while coalescing (%(newer_than)s), else %(reason)s.
 WITH released AS (
-    SELECT {unlock} AS released
+    SELECT CASE WHEN %(held)s THEN pg_advisory_unlock_all() END AS released
 ), run AS (
     SELECT state, token, task_id, host, pid, started_at, finished_at
       FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(slot)s

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 
 from celery_pglock.config import Settings
 from celery_pglock.db import HOSTNAME, Database
 from celery_pglock.keys import lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED, abandon_orphans, record_outcome
+from celery_pglock.ledger import FAILED, SUCCEEDED, record_outcome, sweep_orphans
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released
 from tests.integration.locking import (
@@ -327,13 +328,13 @@ def test_a_skipped_redelivery_records_the_dead_attempt_abandoned(
 def test_the_sweep_records_dead_attempts_abandoned_and_leaves_live_ones(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
-    """abandon_orphans: a running row whose session is gone becomes failed; a live
+    """sweep_orphans: a running row whose session is gone becomes failed; a live
     holder's running row stays running."""
     dead_attempt(db, pg_conn, job, SLOT, "t-dead")
     live = granted(acquire(db, claim(f"{job}-live", SLOT, "t-live"), "session", None))
 
     with db.connection() as conn:
-        swept = abandon_orphans(conn, db.tables)
+        swept = sweep(conn, db)
 
     assert [(job, SLOT)] == [(row["lock_name"], row["slot"]) for row in swept]
     assert FAILED == the_run(pg_conn, db, job, SLOT)["state"]
@@ -347,7 +348,7 @@ def test_an_abandoned_slot_runs_again_with_a_larger_token(
     """Abandoned is failed: the next attempt claims the slot as attempt 2."""
     dead = dead_attempt(db, pg_conn, job, SLOT, "t-dead")
     with db.connection() as conn:
-        abandon_orphans(conn, db.tables)
+        sweep(conn, db)
 
     again = granted(acquire(db, claim(job, SLOT, "t-again"), "session", None))
 
@@ -362,9 +363,16 @@ def test_an_attempt_alive_past_its_session_still_records_its_outcome(
     the same token may still record success (no later attempt took the slot)."""
     dead = dead_attempt(db, pg_conn, job, SLOT, "t-1")
     with db.connection() as conn:
-        abandon_orphans(conn, db.tables)
+        sweep(conn, db)
 
     recorded = record_outcome(db, dead.claim, dead.token, SUCCEEDED, None)
 
     assert recorded
     assert SUCCEEDED == the_run(pg_conn, db, job, SLOT)["state"]
+
+
+def sweep(conn: Conn, db: Database) -> list[dict[str, Any]]:
+    """The beat leader's sweep of rows whose attempt died, run on ``conn``."""
+    return sweep_orphans(
+        lambda name, params: conn.execute(db.tables.query(name), params).fetchall()
+    )

@@ -1,6 +1,6 @@
 """A model of the ledger and the locks, checked against a real PostgreSQL step by step.
 
-Hypothesis drives the library's own functions (``acquire``, ``release``, ``abandon_orphans``,
+Hypothesis drives the library's own functions (``acquire``, ``release``, ``sweep_orphans``,
 ``record_outcome``) across many attempts, each on a connection of its own, over a few lock
 names and slots: attempts finish, fail, die (their process killed, or their backend
 terminated while the process lives on), freeze past their lease, and the beat leader's
@@ -40,7 +40,7 @@ from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.heartbeat import heartbeat
 from celery_pglock.keys import lock_key, split_key
-from celery_pglock.ledger import ABANDONED, FAILED, SUCCEEDED, abandon_orphans, record_outcome
+from celery_pglock.ledger import ABANDONED, FAILED, SUCCEEDED, record_outcome, sweep_orphans
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released
 from tests.fixtures.pg import fresh_schema
@@ -367,10 +367,11 @@ class LedgerModel(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.orphans()))
     @rule()
     def sweep(self) -> None:
-        """abandon_orphans fails ('abandoned: …') exactly the running rows whose session is gone."""
+        """sweep_orphans fails ('abandoned: …') exactly the running rows whose session is gone."""
         expected = {(k, self.rows[k].attempt.token) for k in self.orphans()}
         with self.db.connection() as conn:
-            swept = abandon_orphans(conn, self.db.tables)
+            tables = self.db.tables
+            swept = sweep_orphans(lambda name, p: conn.execute(tables.query(name), p).fetchall())
         assert expected == {((r["lock_name"], r["slot"]), r["token"]) for r in swept}
         for key, _token in expected:
             self.rows[key].state, self.rows[key].reason = FAILED, ABANDONED

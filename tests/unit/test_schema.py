@@ -8,6 +8,7 @@ import pytest
 from psycopg import sql
 
 import celery_pglock
+from celery_pglock import schema
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.schema import (
     TABLES,
@@ -29,15 +30,17 @@ def code_only(text: str) -> str:
     return _NOT_CODE.sub(" ", text)
 
 
+# The one statement with a value in braces: the version a DBA's script records, a
+# ``psycopg.sql.Literal`` (a script has no parameters).
+LITERALS = {"record_version_in_script": {"version"}}
+
+
 def rendered_queries(tables: Tables) -> dict[str, str]:
-    """Every named query rendered for ``tables``; caller fragments filled with ``NULL``."""
-    rendered = {}
-    for name, text in query_texts().items():
-        fragments = {
-            key: "NULL" for key in _PLACEHOLDER.findall(text) if key not in tables.identifiers
-        }
-        rendered[name] = tables.query(name, **fragments).decode()
-    return rendered
+    """Every named query rendered for ``tables`` (a literal slot filled with 1)."""
+    return {
+        name: tables.render(text, **dict.fromkeys(LITERALS.get(name, ()), sql.Literal(1))).decode()
+        for name, text in query_texts().items()
+    }
 
 
 @pytest.fixture
@@ -99,6 +102,30 @@ def test_every_named_query_renders() -> None:
     """All named queries render for default names, with no placeholder left behind."""
     for name, text in rendered_queries(Tables()).items():
         assert [] == _PLACEHOLDER.findall(code_only(text)), name
+
+
+def test_every_statement_is_whole() -> None:
+    """A named statement names only our tables and functions in braces: nothing of it is
+    spliced in by the caller (every variation comes as a bound parameter)."""
+    known = set(Tables().identifiers)
+    spliced = {
+        name: sorted(set(_PLACEHOLDER.findall(code_only(text))) - known - LITERALS.get(name, set()))
+        for name, text in query_texts().items()
+    }
+
+    assert {} == {name: keys for name, keys in spliced.items() if keys}
+
+
+def test_a_query_named_twice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two statements of one name in the packaged files fail loudly, naming both files."""
+    monkeypatch.setattr(schema, "QUERY_FILES", ("queries.sql", "queries.sql"))
+    query_texts.cache_clear()
+    try:
+        with pytest.raises(ConfigurationError, match="'acquire' is named twice"):
+            query_texts()
+    finally:
+        monkeypatch.undo()
+        query_texts.cache_clear()
 
 
 @pytest.mark.parametrize(
