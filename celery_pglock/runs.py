@@ -64,7 +64,7 @@ def settle_failure(db: Database, lease: Lease, exc: BaseException) -> None:
         )
     finally:
         if lease.scope == "transaction":
-            abandon(db, lease)
+            give_back_failed(db, lease)
 
 
 def _record_transaction_failure(db: Database, lease: Lease, reason: str) -> None:
@@ -83,7 +83,7 @@ def _record_transaction_failure(db: Database, lease: Lease, reason: str) -> None
     record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
 
 
-def abandon(db: Database, lease: Lease) -> None:
+def give_back_failed(db: Database, lease: Lease) -> None:
     """Give the connection back after the body's transaction failed (transaction scope):
     the heartbeat stops, and the pool's reset frees whatever locks the body took."""
     if lease.lease is not None:
@@ -91,4 +91,4 @@ def abandon(db: Database, lease: Lease) -> None:
     db.putconn(lease.connection, clean=False)
 
 
-__all__ = ["abandon", "settle_failure", "settle_success"]
+__all__ = ["give_back_failed", "settle_failure", "settle_success"]

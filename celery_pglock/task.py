@@ -17,7 +17,7 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import policy, rogue, runs, signals, turns, waiting
+from celery_pglock import policy, rogue, runs, signals, turns
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting, locked_app_wide
 from celery_pglock.db import (
     Database,
@@ -159,24 +159,17 @@ class PgLockMixin:
             return self._pglock_body(args, kwargs)
         try:
             db = self._pglock_database()
-            outcome: Lease | Skip | waiting.Waiting
-            outcome = acquire(db, claim, options.scope, options.lease)
-            if isinstance(outcome, Skip) and claim.buffer and outcome.reason == "locked":
-                decision = waiting.decide(db, claim, turns.message_of(self, args, kwargs))
-                turns.report_replaced(self, decision.replaced, claim)
-                outcome = waiting.take_turn(
-                    db, self.app, claim, decision, scope=options.scope, lease=options.lease
-                )
-            elif claim.buffer and (isinstance(outcome, Lease) or self._pglock_copy()):
-                waiting.forget(db, claim)  # its slot runs, or was skipped: it waits no more
+            claimed = acquire(db, claim, options.scope, options.lease)
+            call = (args, kwargs)
+            outcome = turns.take_turn(self, db, claim, claimed, options=options, call=call)
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
         _outage.succeeded()
-        if isinstance(outcome, waiting.Waiting):
-            turns.report_waiting(self, outcome)
+        if isinstance(outcome, Lease):
+            return self._pglock_run(db, outcome, args, kwargs)
         if isinstance(outcome, Skip):
-            self._pglock_report_skip(outcome, own_copy=self._pglock_own_copy(claim, outcome))
-        return self._pglock_run(db, outcome, args, kwargs)
+            self._pglock_report_skip(outcome, own_copy=turns.own_copy(self, claim, outcome))
+        return turns.report_waiting(self, outcome)
 
     def _pglock_claim(
         self, options: TaskOptions, slot: str | None, entry: str | None, call: tuple[Any, Any]
@@ -193,17 +186,6 @@ class PgLockMixin:
             manual=bool(self._pglock_header(MANUAL_HEADER)),
             eager=bool(request.called_directly or request.is_eager),
         )
-
-    def _pglock_own_copy(self, claim: Claim, skip: Skip) -> bool:
-        """A waiting slot's copy (same task id) that finds the slot run, or running, by
-        that very task id: the run's own result is the caller's, not this skip (D6)."""
-        holder = (skip.holder or {}).get("task_id")
-        copy = claim.buffer and self._pglock_copy()
-        return copy and holder is not None and holder == self.request.id
-
-    def _pglock_copy(self) -> bool:
-        """Whether this message is a waiting slot's, sent again when its turn came."""
-        return bool(self._pglock_header(waiting.WAITED_HEADER))
 
     def _pglock_run(self, db: Database, lease: Lease, args: Any, kwargs: Any) -> Any:
         signals.lock_acquired.send(sender=self, lock=lease.lock, slot=lease.slot, token=lease.token)
@@ -230,17 +212,9 @@ class PgLockMixin:
         return result
 
     def _pglock_freed(self, db: Database, lease: Lease) -> None:
-        """The lock is free: publish what waited for that (the run's own retry, and under
-        ``buffer_one`` the slot that waits its turn)."""
-        try:
-            if lease.claim.buffer:
-                waiting.send_next(db, self.app, lease.lock)
-        except Exception:  # the beat leader's sweep sends it, or the lock's next holder
-            logger.exception(
-                "could not send the waiting slot of %r",
-                lease.lock,
-                extra={"action": "pglock_waiting_not_sent", "lock": lease.lock},
-            )
+        """The lock is free: publish what waited for that (under ``buffer_one`` the slot
+        that waits its turn, and the run's own retry)."""
+        turns.pass_on(db, self.app, lease)
         _publish_retry(lease)
 
     def _pglock_body(self, args: Any, kwargs: Any) -> Any:

@@ -1,8 +1,12 @@
-"""What a task reports under ``pglock_overlap = "buffer_one"`` (``waiting``).
+"""``pglock_overlap = "buffer_one"`` as a locked task sees it: the one interface of
+``waiting`` for ``PgLockMixin``.
 
-The message to keep for a slot that waits (``message_of``), the ``WAITING`` state of the
-one that waits (``report_waiting``) and the ``SKIPPED`` state of the one it replaced
-(``report_replaced``): the Celery side of ``waiting``, for ``PgLockMixin.__call__``.
+After its claim, a message takes its turn (``take_turn``): one that found its lock held
+waits (its message kept, ``WAITING``), and the slot it replaced is reported ``SKIPPED``;
+one that runs, or a waiting slot's copy that was skipped, waits no more. When a run frees
+its lock it passes the turn on (``pass_on``): the waiting slot is sent. ``own_copy``
+tells a waiting slot's copy that finds its slot run by its own task id (its result is
+that run's, not a skip).
 """
 
 from __future__ import annotations
@@ -13,10 +17,72 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore
 
 from celery_pglock import waiting
-from celery_pglock.protocol import Claim
+from celery_pglock.config import TaskOptions
+from celery_pglock.db import Database
+from celery_pglock.messages import headers_of
+from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.states import SKIPPED, WAITING
 
 logger = logging.getLogger("celery_pglock")
+
+
+Outcome = Lease | Skip | waiting.Waiting
+
+
+def take_turn(
+    task: Any,
+    db: Database,
+    claim: Claim,
+    outcome: Lease | Skip,
+    *,
+    options: TaskOptions,
+    call: tuple[Any, Any],
+) -> Outcome:
+    """``outcome`` of ``claim`` under ``buffer_one``: a message that found its lock held
+    waits (or, the lock free meanwhile, runs); one that runs, or a waiting slot's copy
+    that was skipped, waits no more. Without the policy, ``outcome`` as it is. ``call``:
+    the message's args and kwargs, kept with a slot that waits."""
+    if not claim.buffer:
+        return outcome
+    if isinstance(outcome, Skip) and outcome.reason == "locked":
+        decision = waiting.decide(db, claim, message_of(task, *call))
+        report_replaced(task, decision.replaced, claim)
+        return waiting.take_turn(
+            db, task.app, claim, decision, scope=options.scope, lease=options.lease
+        )
+    if isinstance(outcome, Lease) or is_copy(task):
+        waiting.forget(db, claim)
+    return outcome
+
+
+def own_copy(task: Any, claim: Claim, skip: Skip) -> bool:
+    """A waiting slot's copy (same task id) that finds the slot run, or running, by that
+    very task id: the run's own result is the caller's, not this skip."""
+    holder = (skip.holder or {}).get("task_id")
+    copy = claim.buffer and is_copy(task)
+    return copy and holder is not None and holder == task.request.id
+
+
+def is_copy(task: Any) -> bool:
+    """Whether ``task``'s message is a waiting slot's, sent again when its turn came."""
+    request = task.request
+    header = waiting.WAITED_HEADER
+    return bool(headers_of(request).get(header) or getattr(request, header, None))
+
+
+def pass_on(db: Database, app: Any, lease: Lease) -> None:
+    """``lease``'s lock is free: send the slot that waits for it, if any (a failure to
+    send is logged: the beat leader's sweep, or the lock's next holder, sends it)."""
+    if not lease.claim.buffer:
+        return
+    try:
+        waiting.send_next(db, app, lease.lock)
+    except Exception:
+        logger.exception(
+            "could not send the waiting slot of %r",
+            lease.lock,
+            extra={"action": "pglock_waiting_not_sent", "lock": lease.lock},
+        )
 
 
 def message_of(task: Any, args: Any, kwargs: Any) -> waiting.Message:
@@ -80,4 +146,4 @@ def report_waiting(task: Any, turn: waiting.Waiting) -> NoReturn:
     raise Ignore()
 
 
-__all__ = ["message_of", "report_replaced", "report_waiting"]
+__all__ = ["Outcome", "own_copy", "pass_on", "report_waiting", "take_turn"]

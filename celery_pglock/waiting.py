@@ -7,7 +7,7 @@ process while it waits and outlives any worker. At most one slot waits per lock 
 newer one replaces it (the replaced one is ``SKIPPED``, ``superseded``). The holder that
 frees the lock sends the waiting message again (``send_next``), with the same task id,
 so that its ``AsyncResult`` follows it; the beat leader sends one whose holder died
-(``send_stranded``). Each slot still runs at most once: the ledger decides as for any
+(``sweep``). Each slot still runs at most once: the ledger decides as for any
 message, and a copy sent twice skips as ``done`` or ``locked``.
 
 Nothing is lost on the way: a waiting slot is decided (``decide``) and its row
@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 from celery_pglock.config import Scope
 from celery_pglock.db import Database
 from celery_pglock.keys import waiting_lock
+from celery_pglock.ledger import RunQuery
 from celery_pglock.locks import acquire, release
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.protocol import Claim, Lease, Skip
@@ -173,9 +174,12 @@ def send_next(db: Database, app: Any, lock_name: str) -> None:
         _publish(app, row, "its lock was freed")
 
 
-def send_stranded(app: Any, rows: list[tuple[Any, ...]]) -> None:
-    """Send the waiting slots the beat leader's sweep found stranded."""
-    for row in rows:
+def sweep(app: Any, run_query: RunQuery) -> None:
+    """The beat leader's sweep: give up the waiting slots sent too often without starting
+    (recorded failed), and send again those whose lock nobody holds (their holder died,
+    or the message was lost on its way)."""
+    _report_given_up(run_query("abandon_waiting", ABANDON_PARAMS))
+    for row in run_query("stranded_waiting", STRANDED_PARAMS):
         try:
             _publish(app, row, STRANDED)
         except Exception:  # sent again at the next sweep (RESEND_AFTER)
@@ -187,7 +191,7 @@ def send_stranded(app: Any, rows: list[tuple[Any, ...]]) -> None:
             )
 
 
-def report_abandoned(rows: list[tuple[Any, ...]]) -> None:
+def _report_given_up(rows: list[tuple[Any, ...]]) -> None:
     """Log the waiting slots the beat leader's sweep gave up (``abandon_waiting``)."""
     for lock_name, slot, task_id, task_name, sends in rows:
         logger.error(
@@ -247,9 +251,8 @@ __all__ = [
     "Waiting",
     "decide",
     "forget",
-    "report_abandoned",
     "send_next",
-    "send_stranded",
     "superseded_meta",
+    "sweep",
     "take_turn",
 ]

@@ -10,9 +10,9 @@ the leader's own connection in leader mode, so that a replica whose session was 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from celery_pglock import slots, waiting
+from celery_pglock import slots
 from celery_pglock.beat.planner import Due
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.keys import lock_key
@@ -93,12 +93,6 @@ class BeatClaims:
     def sweep_orphans(self) -> None:
         """Record failed the ledger rows a dead attempt left running (they are final then)."""
         sweep_orphans(self._run_query)
-
-    def sweep_waiting(self) -> list[tuple[Any, ...]]:
-        """Waiting slots (``buffer_one``) whose lock nobody holds, to send again; those
-        sent too often without starting are given up first (recorded failed)."""
-        waiting.report_abandoned(self._run_query("abandon_waiting", waiting.ABANDON_PARAMS))
-        return self._run_query("stranded_waiting", waiting.STRANDED_PARAMS)
 
 
 def _claim_order(item: Due) -> tuple[str, str]:

@@ -241,7 +241,7 @@ class PgLockSchedulerMixin:
         if now >= self._next_sweep:
             self._next_sweep = now + ORPHAN_SWEEP_EVERY
             self.pglock_claims.sweep_orphans()
-            waiting.send_stranded(self.app, self.pglock_claims.sweep_waiting())
+            waiting.sweep(self.app, self._run_query)
 
     def _register_tasks(self) -> None:
         """Say which tasks our entries send, so that workers can tell a stock beat's

@@ -18,7 +18,7 @@ from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released, Skip
-from celery_pglock.runs import abandon
+from celery_pglock.runs import give_back_failed
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,
@@ -155,7 +155,7 @@ def test_connection_returned_on_error_path_is_unlocked(
     lease = granted(acquire(db, claim(job, SLOT), "session", None))
     backend = lease.connection.info.backend_pid
 
-    abandon(db, lease)  # putconn(clean=False): the pool's reset (in its worker) unlocks
+    give_back_failed(db, lease)  # putconn(clean=False): the pool's reset (in its worker) unlocks
 
     wait_until(lambda: advisory_locks_of(pg_conn, backend) == 0, message="the reset to unlock")
     release(db, granted(acquire(db, claim(job, SLOT), "session", None)), SUCCEEDED)

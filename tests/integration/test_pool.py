@@ -15,7 +15,7 @@ from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
-from celery_pglock.runs import abandon
+from celery_pglock.runs import give_back_failed
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -73,7 +73,7 @@ def test_transaction_connection_returned_on_error_path_is_kept(
     lease = granted(acquire(db, claim(job, "s"), "transaction", None))
     backend = lease.connection.info.backend_pid
 
-    abandon(db, lease)
+    give_back_failed(db, lease)
 
     with db.connection() as again:
         assert backend == again.info.backend_pid
