@@ -30,9 +30,6 @@ from celery_pglock.errors import (
     TaskSkipped,
 )
 from celery_pglock.events import send_skipped
-from celery_pglock.ledger import (
-    record_worker_lost,
-)
 from celery_pglock.locks import acquire
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
@@ -233,15 +230,15 @@ class PgLockMixin:
         finally:
             bodies.discard(id(request))
 
-    def _pglock_worker_lost(self, exc: BaseException, args: Any, kwargs: Any) -> int | None:
-        """Worker's main process: the child running this request died; record its attempt
-        ``failed`` (returns its token, or None when there was no ``running`` row of it)."""
+    def pglock_message_claim(self, args: Any, kwargs: Any) -> Claim | None:
+        """The claim the current message (``args``, ``kwargs``) makes, as ``__call__`` makes
+        it; None when it takes no lock (distinct work)."""
         options = self.pglock_options()
         slot = self._pglock_slot(options, args, kwargs)
-        if slot is None:
+        entry = self._pglock_header(ENTRY_HEADER)
+        if not policy.locks(options, slot, entry):
             return None
-        claim = self._pglock_claim(options, slot, self._pglock_header(ENTRY_HEADER), (args, kwargs))
-        return record_worker_lost(app_settings(self.app), claim, f"worker lost: {exc}")
+        return self._pglock_claim(options, slot, entry, (args, kwargs))
 
     def _pglock_database(self) -> Database:
         """This process's ``Database`` for the app (pooled in a worker, see ``serve_tasks``)."""

@@ -31,6 +31,7 @@ from celery_pglock.db import (
     waits_block_greenlets,
 )
 from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.ledger import record_worker_lost
 from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.migrations import ensure_schema
 from celery_pglock.task import PgLockMixin, locking
@@ -214,7 +215,11 @@ def _record_worker_lost(
     if sender.name.startswith(BUILTIN_PREFIX) or not locking(sender.app):
         return
     try:
-        token = sender._pglock_worker_lost(exception, args or (), kwargs or {})
+        claim = sender.pglock_message_claim(args or (), kwargs or {})
+        token = None
+        if claim is not None and claim.slot is not None:  # a row to record the death in
+            reason = f"worker lost: {exception}"
+            token = record_worker_lost(app_settings(sender.app), claim, reason)
     except Exception:
         logger.exception(
             "could not record the lost worker of %s[%s]",
