@@ -151,7 +151,7 @@ class Floor:
             unwaited.send(conn, self.tables.query("release_unwaited"), release, timeout=5.0)
             self.reply_pending = True
             return
-        lease = Lease(claim, "session", conn, token=row[2], attempts=row[3], lease=30.0)
+        lease = Lease(claim, "session", conn, token=row[2], attempts=row[3], lease_seconds=30.0)
         done = release_params(lease, "succeeded", None, self.idle_ms)
         conn.execute(self.tables.query("release"), done).fetchone()
 
@@ -162,7 +162,7 @@ class Floor:
         params = acquire_params(claim, "transaction", lease_ms(30.0))
         row = conn.execute(self.tables.query("acquire"), params).fetchone()
         assert row is not None
-        lease = Lease(claim, "transaction", conn, token=row[2], attempts=row[3], lease=30.0)
+        lease = Lease(claim, "transaction", conn, token=row[2], attempts=row[3], lease_seconds=30.0)
         done = release_params(lease, "succeeded", None, None)
         conn.execute(self.tables.query("release"), done).fetchone()
         conn.commit()

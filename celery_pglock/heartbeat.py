@@ -101,7 +101,7 @@ class Heartbeat:
 
 
 def _interval(lease: Lease) -> float:
-    return max(MIN_PING_INTERVAL, (lease.lease or 60.0) / 3)
+    return max(MIN_PING_INTERVAL, (lease.lease_seconds or 60.0) / 3)
 
 
 def _due(lease: Lease) -> bool:

@@ -47,7 +47,7 @@ def short_reason(text: str) -> str:
     return text if len(text) <= MAX_REASON_LENGTH else text[: MAX_REASON_LENGTH - 1] + "…"
 
 
-def log_skip(
+def record_skip(
     conn: Connection,
     db: Database,
     claim: Claim,
@@ -123,7 +123,9 @@ def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:
     else:
         holder = _live_holder(row)
         token = row["holder_token"]
-    return Skip(reason=reason, lock=claim.lock_name, slot=claim.slot, holder=holder, token=token)
+    return Skip(
+        reason=reason, lock_name=claim.lock_name, slot=claim.slot, holder=holder, token=token
+    )
 
 
 def enqueued_skip(db: Database, claim: Claim) -> Skip | None:

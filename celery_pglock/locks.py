@@ -36,9 +36,9 @@ from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.ledger import (
     SUCCEEDED,
     holder_application_name,
-    log_skip,
     record_failure_after_rollback,
     record_outcome_when_reachable,
+    record_skip,
     short_reason,
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
@@ -53,12 +53,13 @@ def lease_ms(seconds: float | None) -> str | None:
     return None if seconds is None else str(max(1, round(seconds * 1000)))
 
 
-def acquire_params(claim: Claim, scope: Scope, lease: str | None) -> dict[str, Any]:
-    """The parameters of the ``acquire`` statement; ``lease``: milliseconds, or None."""
+def acquire_params(claim: Claim, scope: Scope, armed_ms: str | None) -> dict[str, Any]:
+    """The parameters of the ``acquire`` statement; ``armed_ms``: the lease to arm, in
+    milliseconds (``lease_ms``), or None."""
     return {
         **claim.params(),
         "xact": scope == "transaction",
-        "lease_ms": lease,
+        "lease_ms": armed_ms,
         "application_name": holder_application_name(claim.task_id, os.getpid(), claim.host),
     }
 
@@ -78,16 +79,16 @@ def release_params(
     }
 
 
-def _armed(db: Database, scope: Scope, lease: float | None) -> str | None:
+def _armed(db: Database, scope: Scope, seconds: float | None) -> str | None:
     """The lease to arm: none when off, nor in session scope before PostgreSQL 14."""
-    return lease_ms(lease) if scope == "transaction" or db.lease_supported else None
+    return lease_ms(seconds) if scope == "transaction" or db.lease_supported else None
 
 
 def acquire(
     db: Database,
     claim: Claim,
     scope: Scope,
-    lease: float | None,
+    lease_seconds: float | None,
     *,
     waited: Connection | None = None,
 ) -> Lease | Skip:
@@ -96,7 +97,7 @@ def acquire(
     ``waited``: a connection of ``db`` that already waited for the lock (the ``wait_lock``
     query), used instead of a pooled one; re-entrant advisory locks make the try succeed.
     """
-    params = acquire_params(claim, scope, _armed(db, scope, lease))
+    params = acquire_params(claim, scope, _armed(db, scope, lease_seconds))
     if scope == "session":
         db.check_session_scope()
     query = db.tables.query("acquire" if claim.slot is not None else "acquire_mutex")
@@ -108,8 +109,8 @@ def acquire(
     acquired, key, token, attempts, newer_slot, late = row
     if acquired and (claim.slot is None or attempts is not None):
         held = claim if key == claim.key else dataclasses.replace(claim, key=key)
-        granted = Lease(held, scope, conn, token, attempts, lease)
-        if lease is not None:
+        granted = Lease(held, scope, conn, token, attempts, lease_seconds)
+        if lease_seconds is not None:
             watch(granted)
         return granted
     reason = "superseded" if newer_slot else "late" if late else "locked"
@@ -156,7 +157,7 @@ def _skip(
     newer: str | None = None,
 ) -> Skip:
     try:
-        skip = log_skip(conn, db, claim, reason, held=held, newer_slot=newer)
+        skip = record_skip(conn, db, claim, reason, held=held, newer_slot=newer)
         if scope == "transaction":
             conn.commit()
     except psycopg.Error as exc:
@@ -169,7 +170,7 @@ def _skip(
 
 def release(db: Database, lease: Lease, state: str, reason: str | None = None) -> Released:
     """Record the attempt's outcome and free the lock; says if the lock was lost."""
-    if lease.lease is not None:
+    if lease.lease_seconds is not None:
         unwatch(lease)
     lease.released = True
     conn = lease.connection

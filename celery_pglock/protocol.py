@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ class Skip:
     """Why a message did not run, with who holds the lock or ran the slot."""
 
     reason: str
-    lock: str
+    lock_name: str
     slot: str | None
     holder: dict[str, Any] | None
     token: int | None
@@ -107,11 +108,19 @@ class Skip:
         """What the result backend stores for the ``SKIPPED`` state (JSON-serializable)."""
         return {
             "reason": self.reason,
-            "lock": self.lock,
+            "lock": self.lock_name,
             "slot": self.slot,
             "holder": self.holder,
             "token": self.token,
         }
+
+    @property
+    def lock(self) -> str:
+        """Deprecated (0.2): ``lock_name``, as a ``Claim`` names it."""
+        warnings.warn(
+            "Skip.lock is deprecated, use Skip.lock_name", DeprecationWarning, stacklevel=2
+        )
+        return self.lock_name
 
 
 @dataclass
@@ -123,7 +132,7 @@ class Lease:
     connection: Connection
     token: int
     attempts: int | None
-    lease: float | None
+    lease_seconds: float | None  # the server-enforced lease; None: off
     lost_cause: str | None = None
     last_ping: float = field(default_factory=time.monotonic)
     # When the server last answered on the lock's connection (the grant, a ping, a check).
@@ -164,7 +173,8 @@ class Lease:
             )
 
     def _unconfirmed(self) -> bool:
-        return self.lease is not None and time.monotonic() - self.confirmed > self.lease / 2
+        seconds = self.lease_seconds
+        return seconds is not None and time.monotonic() - self.confirmed > seconds / 2
 
     def ask_server(self) -> None:
         """One round trip on the lock connection: marks the lease lost if the session ended."""

@@ -86,7 +86,7 @@ def _record_transaction_failure(db: Database, lease: Lease, reason: str) -> None
 def give_back_failed(db: Database, lease: Lease) -> None:
     """Give the connection back after the body's transaction failed (transaction scope):
     the heartbeat stops, and the pool's reset frees whatever locks the body took."""
-    if lease.lease is not None:
+    if lease.lease_seconds is not None:
         unwatch(lease)
     db.putconn(lease.connection, clean=False)
 

@@ -271,7 +271,7 @@ def log_skip(skip: Skip) -> None:
         extra={
             "action": "pglock_run_skipped",
             "reason": skip.reason,
-            "lock": skip.lock,
+            "lock": skip.lock_name,
             "slot": skip.slot,
             "holder": skip.holder,
             "token": skip.token,
@@ -281,7 +281,7 @@ def log_skip(skip: Skip) -> None:
 
 def describe_skip(skip: Skip) -> str:
     """One line: what was skipped, why, and who holds the lock or ran the slot."""
-    what = f"lock {skip.lock!r}" + (f" slot {skip.slot!r}" if skip.slot else "")
+    what = f"lock {skip.lock_name!r}" + (f" slot {skip.slot!r}" if skip.slot else "")
     return f"skipped {what}: {skip.reason}, {_describe_holder(skip)}"
 
 

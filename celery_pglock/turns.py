@@ -48,7 +48,7 @@ def take_turn(
         decision = waiting.decide(db, claim, message_of(task, *call))
         report_replaced(task, decision.replaced, claim)
         return waiting.take_turn(
-            db, task.app, claim, decision, scope=options.scope, lease=options.lease
+            db, task.app, claim, decision, scope=options.scope, lease_seconds=options.lease
         )
     if isinstance(outcome, Lease) or is_copy(task):
         waiting.forget(db, claim)
@@ -138,10 +138,10 @@ def report_waiting(task: Any, turn: waiting.Waiting) -> NoReturn:
         "%s[%s] waits its turn: lock %r is held (holder %s); slot %s runs when it is freed",
         task.name,
         task.request.id,
-        turn.lock,
+        turn.lock_name,
         holder.get("task_id"),
         turn.slot,
-        extra={"action": "pglock_task_waiting", "lock": turn.lock, "slot": turn.slot},
+        extra={"action": "pglock_task_waiting", "lock": turn.lock_name, "slot": turn.slot},
     )
     raise Ignore()
 

@@ -54,12 +54,12 @@ STRANDED = "nobody holds its lock (its holder died, or the message was lost on i
 class Waiting:
     """A message that waits its turn: its slot runs when the lock is next free."""
 
-    lock: str
+    lock_name: str
     slot: str
     holder: dict[str, Any] | None
 
     def meta(self) -> dict[str, Any]:
-        return {"lock": self.lock, "slot": self.slot, "holder": self.holder}
+        return {"lock": self.lock_name, "slot": self.slot, "holder": self.holder}
 
 
 @dataclass(frozen=True)
@@ -123,23 +123,29 @@ def decide(db: Database, claim: Claim, message: Message) -> Decision:
 
 
 def take_turn(
-    db: Database, app: Any, claim: Claim, decision: Decision, *, scope: Scope, lease: float | None
+    db: Database,
+    app: Any,
+    claim: Claim,
+    decision: Decision,
+    *,
+    scope: Scope,
+    lease_seconds: float | None,
 ) -> Lease | Skip | Waiting:
     """What ``decision`` means for ``claim``: a ``Lease`` (the lock came free: run it), a
     ``Skip``, or ``Waiting``."""
     if decision.outcome == "taken":  # its slot ran or runs: skipped as usual
-        return acquire(db, dataclasses.replace(claim, buffer=False), scope, lease)
+        return acquire(db, dataclasses.replace(claim, buffer=False), scope, lease_seconds)
     if decision.outcome == "superseded":
         holder = {"task_id": decision.other_task_id, "slot": decision.other_slot}
         return Skip("superseded", claim.lock_name, claim.slot, holder, None)
-    return _try_again(db, app, claim, scope, lease)
+    return _try_again(db, app, claim, scope, lease_seconds)
 
 
 def _try_again(
-    db: Database, app: Any, claim: Claim, scope: Scope, lease: float | None
+    db: Database, app: Any, claim: Claim, scope: Scope, lease_seconds: float | None
 ) -> Lease | Skip | Waiting:
     """Waiting is recorded; the holder may have ended meanwhile: try the lock once more."""
-    again = acquire(db, claim, scope, lease)
+    again = acquire(db, claim, scope, lease_seconds)
     if isinstance(again, Lease):
         return again if forget(db, again.claim) else _superseded_meanwhile(db, app, again)
     if again.reason != "locked":

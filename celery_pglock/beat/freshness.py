@@ -65,7 +65,7 @@ def evaluate(
     return sorted(found, key=lambda f: (f.overdue_by is None, -(f.overdue_by or 0), f.entry))
 
 
-def freshness_query(
+def freshness_params(
     settings: BeatSettings, deadlines: dict[str, float], lock_names: dict[str, str]
 ) -> dict[str, Any]:
     """The parameters of ``beat_freshness`` for these entries."""
@@ -153,7 +153,7 @@ def look(
     if not deadlines:
         return []
     names = {e.name: lock_name(e) for e in watched if e.name in deadlines}
-    rows = run_query("beat_freshness", freshness_query(settings, deadlines, names))
+    rows = run_query("beat_freshness", freshness_params(settings, deadlines, names))
     return evaluate(rows, deadlines, now)
 
 
@@ -161,7 +161,7 @@ def entries_freshness(
     conn: Any, settings: BeatSettings, entries: Iterable[Any], lock_name: Callable[[Any], str]
 ) -> list[Freshness]:
     """``look`` on ``conn``, now (``celery pglock status``)."""
-    tables = settings.connection.tables
+    tables = settings.settings.tables
 
     def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return list(conn.execute(tables.query(name), params).fetchall())

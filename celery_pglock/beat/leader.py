@@ -162,7 +162,7 @@ class LeaderElection:
             )
         params = {"name": application_name(" beat leader"), "lease_ms": lease_ms(lease)}
         conn.execute(self.tables.query("leader_arm"), params)
-        granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease=lease)
+        granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease_seconds=lease)
         self._standby.clear()
         self._outage = False
         self._lease = granted

@@ -79,7 +79,7 @@ class PgLockSchedulerMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app = kwargs.get("app") or args[0]
         self.pglock_beat = BeatSettings.from_app(app)
-        self.pglock_settings = self.pglock_beat.connection
+        self.pglock_settings = self.pglock_beat.settings
         self.pglock_tables = self.pglock_settings.tables
         self.pglock_claims = BeatClaims(self.pglock_beat, self._run_query)
         self._leading = False

@@ -33,7 +33,7 @@ ENTRY_OPTIONS = (CATCH_UP_OPTION, CATCH_UP_LIMIT_OPTION, OVERDUE_OPTION)
 class BeatSettings:
     """How one beat process schedules: frozen, so each tick reads the same values."""
 
-    connection: Settings
+    settings: Settings  # the app's: where the tables are, how to connect
     namespace: str
     leader_mode: bool  # pglock_beat_leader: one replica sends (else every replica does)
     lease: float
@@ -48,7 +48,7 @@ class BeatSettings:
     def from_app(cls, app: Any) -> BeatSettings:
         conf = app.conf
         return cls(
-            connection=app_settings(app),
+            settings=app_settings(app),
             namespace=namespace_of(conf, app.main),
             leader_mode=bool(setting(conf, "pglock_beat_leader")),
             lease=float(setting(conf, "pglock_beat_lease")),

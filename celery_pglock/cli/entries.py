@@ -63,7 +63,7 @@ class Schedule:
 
 def target(app: Celery, by: str | None) -> controls.Target:
     settings = BeatSettings.from_app(app)
-    return controls.Target(settings.connection.tables, namespace(app), by or ops.operator())
+    return controls.Target(settings.settings.tables, namespace(app), by or ops.operator())
 
 
 @dataclass(frozen=True)

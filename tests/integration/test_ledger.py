@@ -118,7 +118,7 @@ def test_claim_of_succeeded_slot_skips_done_with_who_ran_it(
 
     skip = skipped(acquire(db, claim(job, SLOT, "t-2"), "session", None))
 
-    assert ("done", job, SLOT, first.token) == (skip.reason, skip.lock, skip.slot, skip.token)
+    assert ("done", job, SLOT, first.token) == (skip.reason, skip.lock_name, skip.slot, skip.token)
     holder = {"host": HOSTNAME, "pid": os.getpid(), "task_id": "t-1"}
     assert skip.holder is not None
     assert holder == pick(skip.holder, "host", "pid", "task_id")

@@ -171,7 +171,7 @@ class LedgerModel(RuleBasedStateMachine):
         return [
             a
             for a in self.attempts
-            if a.status == status and (not leased or a.lease.lease is not None)
+            if a.status == status and (not leased or a.lease.lease_seconds is not None)
         ]
 
     def has(self, status: str, *, leased: bool = False) -> bool:

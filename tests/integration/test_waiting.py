@@ -58,7 +58,7 @@ class Turn:
 def wait_turn(db: Database, attempt: Claim) -> Turn:
     """The task's path for a message that found its lock held: decide, then take its turn."""
     decision = decide(db, attempt, MESSAGE)
-    outcome = take_turn(db, APP, attempt, decision, scope="session", lease=None)
+    outcome = take_turn(db, APP, attempt, decision, scope="session", lease_seconds=None)
     return Turn(outcome, decision.replaced)
 
 

@@ -13,6 +13,7 @@ from celery.backends.cache import CacheBackend
 from celery.result import AsyncResult
 
 import celery_pglock
+from celery_pglock.protocol import Skip
 from celery_pglock.states import SKIP_REASONS, SKIPPED, register_ready_state
 
 META = {
@@ -96,3 +97,11 @@ def test_get_many_returns_skipped_results(app: Celery) -> None:
 def test_skip_reasons_are_the_documented_ones() -> None:
     """The reasons a skip reports are exactly the ones DESIGN.md documents."""
     assert ("locked", "done", "superseded", "late") == SKIP_REASONS
+
+
+def test_skip_lock_is_a_deprecated_name_of_lock_name() -> None:
+    """``Skip.lock`` (0.1) still answers, with a DeprecationWarning naming ``lock_name``."""
+    skip = Skip("done", "proj:job", "s", None, 3)
+
+    with pytest.warns(DeprecationWarning, match="Skip.lock_name"):
+        assert "proj:job" == skip.lock
