@@ -76,7 +76,8 @@ class Decision:
     @property
     def replaced(self) -> tuple[str, str] | None:
         """(slot, task id) of the waiting slot this message replaced, to report at once:
-        whatever happens to this message next (D6, D7), that one no longer runs."""
+        whatever happens to this message next (it may run the slot itself, or fail on a
+        PostgreSQL restart), that one no longer runs, and nothing else would report it."""
         if not self.replaced_waiting or self.other_slot is None or self.other_task_id is None:
             return None
         return self.other_slot, self.other_task_id

@@ -61,8 +61,9 @@ WITH current AS (
             updated_at = now(), entry = coalesce(r.entry, EXCLUDED.entry)
         WHERE r.state NOT IN ('succeeded', 'running')
 ), replaced AS (
-    -- Only a slot that still waits: its own message may have come back (a retry) and run
-    -- it since, leaving the waiting row behind (D7); a running slot is not superseded.
+    -- Only a slot that still waits: its own message may have come back (a retry after a
+    -- PostgreSQL restart) and run it since, leaving the waiting row behind; a running slot
+    -- is not superseded.
     UPDATE {runs} r
        SET state = 'skipped', reason = 'superseded', finished_at = now(), updated_at = now()
       FROM current c, decided d
