@@ -22,6 +22,7 @@ test: lint typecheck pytest
 lint: $(STAMP)
 	$(BIN)/ruff check celery_pglock tests benchmarks examples
 	$(BIN)/ruff format --check celery_pglock tests benchmarks examples
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

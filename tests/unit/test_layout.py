@@ -1,43 +1,41 @@
-"""The package's layering (docs/layout.md): the core never imports the throwaway server,
-the process helpers or the demo, which may then change without touching it."""
+"""docs/layout.md lists the layers that import-linter enforces (``lint-imports``, run by
+``make lint``): the page and the contract in pyproject.toml never drift apart."""
 
 from __future__ import annotations
 
-import ast
+import re
+import sys
 from pathlib import Path
 
-import celery_pglock
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest depends on tomli before Python 3.11
+    import tomli as tomllib
 
-PACKAGE = Path(celery_pglock.__file__).parent
-OUTSIDE_THE_CORE = ("celery_pglock.testing", "celery_pglock.demo")
-# Entry points that start the demo on request (lazily, by name).
-ENTRY_POINTS = {"__main__.py", "cli/console.py"}
-
-
-def _imported(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = re.compile(r"^[a-z_]+(?: \| [a-z_]+)*")
 
 
-def test_the_core_imports_neither_the_test_tools_nor_the_demo() -> None:
-    core = [
-        path
-        for path in PACKAGE.rglob("*.py")
-        if path.relative_to(PACKAGE).parts[0] not in ("testing", "demo")
-        and str(path.relative_to(PACKAGE)) not in ENTRY_POINTS
+def contract_layers() -> list[str]:
+    """The layers of the contract "Imports point down the layers", top to bottom."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [layers] = [
+        contract["layers"]
+        for contract in config["tool"]["importlinter"]["contracts"]
+        if contract["type"] == "layers"
     ]
-    found = {
-        str(path.relative_to(PACKAGE)): sorted(
-            name for name in _imported(path) if name.startswith(OUTSIDE_THE_CORE)
-        )
-        for path in core
-    }
+    return list(layers)
 
-    assert len(core) > 30
-    assert {} == {module: names for module, names in found.items() if names}
+
+def documented_layers() -> list[str]:
+    """The layers docs/layout.md draws: the first column of its first code block."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    block = text.split("```", 2)[1]
+    found = (MODULE.match(line) for line in block.splitlines())
+    return [match.group(0) for match in found if match]
+
+
+def test_docs_layout_lists_the_enforced_layers_in_order() -> None:
+    """Every layer of the import contract is on the page, in the contract's order, with
+    the same modules, and the page lists no other."""
+    assert contract_layers() == documented_layers()
