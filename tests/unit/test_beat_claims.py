@@ -1,0 +1,127 @@
+"""Beat's claims without PostgreSQL: ``BeatClaims`` through its ``RunQuery`` seam, with the
+statements it sends recorded and their rows given (as procrastinate tests its manager).
+
+What the statements do to the tables is the integration and acceptance tiers' matter;
+here, what beat asks for, in which order, and how it reads the answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.planner import Due
+from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.keys import lock_key
+
+SLOT_A, SLOT_B = "2026-11-29T18:05:00Z", "2026-11-29T18:05:10Z"
+
+
+class Recorder:
+    """A ``RunQuery`` that records each statement and answers with the rows given."""
+
+    def __init__(self, **rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        self.calls.append((name, params))
+        return self.rows.get(name, [])
+
+    def params(self, name: str) -> dict[str, Any]:
+        [found] = [params for called, params in self.calls if called == name]
+        return found
+
+
+@pytest.fixture
+def settings() -> BeatSettings:
+    app = Celery("claims", set_as_current=False)
+    app.conf.update(pglock_dsn="postgresql://nobody@localhost/none", pglock_namespace="ns")
+    return BeatSettings.from_app(app)
+
+
+def due(entry: str, slot: str) -> Due:
+    return Due(SimpleNamespace(name=entry, task=f"proj.{entry}"), slot, f"ns:proj.{entry}")
+
+
+def test_claims_go_in_entry_and_slot_order_whatever_the_schedule_s_order(
+    settings: BeatSettings,
+) -> None:
+    """Two replicas holding the entries in other orders claim in one order: no deadlock."""
+    run = Recorder()
+
+    BeatClaims(settings, run).claim([due("b", SLOT_B), due("a", SLOT_B), due("a", SLOT_A)])
+
+    params = run.params("beat_claim")
+    assert ["a", "a", "b"] == params["entries"]
+    assert [SLOT_A, SLOT_B, SLOT_B] == params["slots"]
+    assert [lock_key(name) for name in params["lock_names"]] == params["keys"]
+    assert (settings.namespace, settings.replica) == (params["namespace"], params["replica"])
+
+
+def test_only_what_this_replica_claimed_is_sent_and_a_paused_claim_is_not(
+    settings: BeatSettings,
+) -> None:
+    """The statement returns what this replica claimed: unpaused ones to send, paused
+    ones recorded only; a slot another replica claimed comes back in neither."""
+    run = Recorder(beat_claim=[("a", SLOT_A, False), ("b", SLOT_A, True)])
+
+    claimed = BeatClaims(settings, run).claim([due(e, SLOT_A) for e in ("a", "b", "c")])
+
+    assert ({("a", SLOT_A)}, {("b", SLOT_A)}) == (claimed.send, claimed.paused)
+
+
+def test_confirm_records_the_sent_claims_in_order_with_their_times(
+    settings: BeatSettings,
+) -> None:
+    """Confirmed in the claims' order (rows locked alike by every replica), each slot's
+    nominal time as the entry's last run; nothing sent, nothing asked."""
+    run = Recorder()
+    claims = BeatClaims(settings, run)
+
+    claims.confirm([])
+    claims.confirm([due("b", SLOT_A), due("a", SLOT_B)])
+
+    [(name, params)] = run.calls
+    assert ("beat_confirm", ["a", "b"]) == (name, params["entries"])
+    expected = [datetime(2026, 11, 29, 18, 5, s, tzinfo=timezone.utc) for s in (10, 0)]
+    assert expected == params["run_ats"]
+
+
+def test_unconfirmed_claims_are_read_after_the_resend_delay(settings: BeatSettings) -> None:
+    """Claims never confirmed are taken over by this replica after pglock_beat_resend_after."""
+    run = Recorder(beat_unsent=[("a", SLOT_A)])
+
+    found = BeatClaims(settings, run).unconfirmed()
+
+    params = run.params("beat_unsent")
+    assert [("a", SLOT_A)] == found
+    assert (settings.replica, settings.resend_after) == (params["replica"], params["after"])
+
+
+def test_the_last_slots_sent_skip_entries_never_sent(settings: BeatSettings) -> None:
+    """A new leader goes on from the stored slots; an entry with none starts afresh."""
+    run = Recorder(beat_state=[("a", SLOT_A, None, 1), ("b", None, None, 0)])
+
+    assert {"a": SLOT_A} == BeatClaims(settings, run).last_slots_sent()
+
+
+def test_the_orphan_sweep_reports_each_row_it_recorded_failed(
+    settings: BeatSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows whose attempt died are named in one WARNING each, with their token."""
+    row = ("ns:proj.a", SLOT_A, 7, "task-1", "host-1", 42)
+    run = Recorder(abandon_orphans=[row])
+
+    with caplog.at_level(logging.WARNING, logger="celery_pglock"):
+        BeatClaims(settings, run).sweep_orphans()
+
+    [record] = caplog.records
+    assert "abandon_orphans" == run.calls[0][0]
+    assert "token 7" in record.getMessage()
