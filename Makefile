@@ -56,7 +56,7 @@ COMPAT := .compat
 # README's install line (the first `pip install` under "## Install"), run with the venv's pip;
 # pip takes celery-pglock from the wheel just built (its version pinned), the rest from PyPI.
 README_INSTALL := $(shell sed -n '/^\#\# Install/,/^\#\# /p' README.md | grep -m1 '^pip install')
-VERSION := $(shell sed -nE 's/^version = "([^"]+)"/\1/p' pyproject.toml)
+VERSION := $(shell sed -nE 's/^__version__ = "([^"]+)".*/\1/p' celery_pglock/__init__.py)
 LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg|psycopg-pool)>=([0-9.]+)",.*/\1==\2/p' pyproject.toml)
 # psycopg[binary]==3.2.0 asks for an unpublished psycopg-binary: pin the binary directly.
 LOWEST_BINARY := $(patsubst psycopg==%,psycopg-binary==%,$(filter psycopg==%,$(LOWEST)))

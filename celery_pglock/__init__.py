@@ -32,7 +32,7 @@ from celery_pglock.standalone import advisory_lock, run_once
 from celery_pglock.states import SKIPPED, WAITING
 from celery_pglock.task import PgLockMixin, PgLockTask
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"  # the one place of the version (pyproject.toml reads it)
 
 
 def migration_sql(schema: str = "public", table_prefix: str = "pglock_") -> str:

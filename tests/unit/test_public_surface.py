@@ -3,6 +3,7 @@ and the commands with their options. A restructuring of the package keeps all of
 
 from __future__ import annotations
 
+from importlib import metadata
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -129,3 +130,9 @@ def test_the_testing_tools_for_users_suites() -> None:
         testing.__all__
     )
     assert {"pglock_database", "pglock_postgres"} == fixtures
+
+
+def test_the_version_has_one_place() -> None:
+    """``celery_pglock.__version__`` is what the installed distribution says (pyproject.toml
+    reads it from the package: no second copy to forget)."""
+    assert metadata.version("celery-pglock") == celery_pglock.__version__
