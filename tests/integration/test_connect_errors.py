@@ -17,6 +17,7 @@ from psycopg.conninfo import make_conninfo
 from celery_pglock.config import Settings
 from celery_pglock.db import check_server, connect, translated
 from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
+from celery_pglock.startup import answers
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.procs import wait_until
 
@@ -182,3 +183,14 @@ def test_an_invalid_connection_option_is_a_misconfiguration(pg_dsn: str) -> None
     found = misconfigured(f"{make_conninfo(pg_dsn)} no_such_option=1")
 
     assert "no_such_option" in str(found)
+
+
+def test_a_ping_tells_a_stopped_server_from_one_that_answers(private_pg: EmbeddedPostgres) -> None:
+    """startup.answers: False while the server is stopped, True once it accepts
+    connections (no session opened: what the start-up wait polls between attempts)."""
+    settings = Settings(dsn=private_pg.dsn, connect_timeout=2)
+    private_pg.stop()
+    stopped = answers(settings)
+    private_pg.start()
+
+    assert (False, True) == (stopped, answers(settings))
