@@ -19,7 +19,7 @@ from celery_pglock.db import check_server, connect, translated
 from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
 from celery_pglock.startup import answers
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from tests.fixtures.procs import wait_until
+from tests.fixtures.pg import require_password
 
 pytestmark = pytest.mark.integration
 
@@ -110,33 +110,9 @@ def test_a_server_with_no_writable_host_yet_is_an_outage(private_pg: EmbeddedPos
 # -- misconfigurations --------------------------------------------------------------------
 
 
-def require_password(server: EmbeddedPostgres, name: str) -> None:
-    """Create role ``name`` on ``server`` and make it log in with PASSWORD (scram)."""
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                sql.Identifier(name), sql.Literal(PASSWORD)
-            )
-        )
-    hba = server.datadir / "pg_hba.conf"
-    hba.write_text(f"host all {name} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_reload_conf()")
-    wrong = make_conninfo(server.dsn, user=name, password="wrong")  # noqa: S106 - fake
-
-    def refused() -> bool:
-        try:
-            psycopg.connect(wrong, connect_timeout=2).close()
-        except psycopg.OperationalError:
-            return True
-        return False
-
-    wait_until(refused, timeout=10, message="the role to need its password")
-
-
 def test_a_wrong_password_is_a_misconfiguration(private_pg: EmbeddedPostgres) -> None:
     """Password authentication failed: the fix names the password, which is not printed."""
-    require_password(private_pg, "app")
+    require_password(private_pg, "app", PASSWORD)
     dsn = f"postgresql://app:{PASSWORD}x@127.0.0.1:{private_pg.port}/postgres"
 
     found = misconfigured(dsn)
