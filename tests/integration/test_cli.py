@@ -28,7 +28,8 @@ from celery_pglock.db import HOSTNAME, Database
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.schema import latest_version
-from tests.fixtures.procs import Procs
+from celery_pglock.testing.embedded import EmbeddedPostgres
+from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
 from tests.integration.test_ops import SLOT, start_holder
 
@@ -334,6 +335,21 @@ def test_unreachable_database_exits_3_without_the_password(args: tuple[str, ...]
     assert "" == result.stdout
 
 
+@pytest.mark.parametrize("args", COMMANDS.values(), ids=COMMANDS.keys())
+def test_a_misconfigured_database_exits_2_naming_the_fix(
+    pg_dsn: str, args: tuple[str, ...]
+) -> None:
+    """An unknown database is not an outage: every command exits 2 at once, naming the
+    fix, without waiting."""
+    dsn = pg_dsn.rsplit("/", 1)[0] + "/no_such_db"
+
+    result = invoke(make_app(dsn, "public"), *args)
+
+    assert 2 == result.exit_code, result.output
+    assert "check the database name in pglock_dsn" in result.stderr
+    assert "waiting for PostgreSQL" not in result.output
+
+
 def test_missing_dsn_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without pglock_dsn (or PGLOCK_DSN) the command exits 2 naming the setting."""
     monkeypatch.delenv("PGLOCK_DSN", raising=False)
@@ -390,6 +406,57 @@ def test_celery_command_line_exit_code_when_database_is_down(tmp_path: Path) -> 
 
     assert 3 == done.returncode, done.stderr
     assert PASSWORD not in done.stdout + done.stderr
+
+
+SCHEDULED_APP_MODULE = (
+    APP_MODULE
+    + """
+app.conf.beat_scheduler = "celery_pglock.beat:PgLockScheduler"
+app.conf.beat_schedule = {{"tick": {{"task": "realcli.job", "schedule": 60.0}}}}
+"""
+)
+
+
+def test_a_long_running_command_waits_for_postgresql_then_runs(
+    tmp_path: Path, private_pg: EmbeddedPostgres
+) -> None:
+    """`pglock rerun` started while PostgreSQL is stopped waits for it (WARNINGs on stderr,
+    the next delay in each), then does its work once it answers (here: the slot never
+    succeeded, exit 1), where `status` fails at once (exit 3)."""
+    (tmp_path / "realcli.py").write_text(
+        SCHEDULED_APP_MODULE.format(dsn=private_pg.dsn, schema="public")
+    )
+    argv = [sys.executable, "-m", "celery", "-A", "realcli", "pglock"]
+    subprocess.run([*argv, "migrate"], cwd=tmp_path, capture_output=True, timeout=60, check=True)
+    private_pg.stop()
+    short = subprocess.run(
+        [*argv, "status"], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    stderr = tmp_path / "rerun.err"
+    with stderr.open("w") as err:
+        rerun = subprocess.Popen(
+            [*argv, "rerun", "tick", "2026-11-29T18:05:00Z", "--reason", "test"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_until(
+            lambda: stderr.read_text().count("waiting for PostgreSQL") >= 2,
+            timeout=60,
+            message="two failed attempts",
+        )
+        private_pg.start()
+        status = rerun.wait(timeout=60)
+    finally:
+        rerun.kill()
+        rerun.wait()
+    said = stderr.read_text()
+
+    assert (3, 1) == (short.returncode, status), said
+    assert "pglock rerun) is waiting for PostgreSQL: attempt 1 failed, next in 1 s" in said
+    assert "PostgreSQL answers" in said
+    assert "has not succeeded: nothing to run again" in said
 
 
 def test_standalone_command_offers_demo() -> None:
