@@ -129,7 +129,7 @@ class PgLockSchedulerMixin:
         if self._outage:
             self._outage = False
             logger.info("beat reaches PostgreSQL again", extra={"action": "pglock_beat_db_back"})
-        return self._planner.next_wake()
+        return min(self._planner.next_wake(), self._freshness.wake_in())
 
     def _start(self) -> bool:
         """On a tick before the replica started: start it if an attempt is due
