@@ -7,6 +7,7 @@ command lines to prove the entry points and exit codes end to end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_pglock import PgLockTask
+from celery_pglock import PgLockTask, controls, waiting
 from celery_pglock.cli.command import pglock
 from celery_pglock.cli.console import cli as console_cli
 from celery_pglock.config import Settings
@@ -142,6 +143,77 @@ def test_status_json_describes_holder_running_row_and_skips(
         (skip["reason"], skip["task_id"], skip["holder_task_id"]) for skip in payload["skips"]
     ]
     assert {"lock", "key", "leader", "standbys"} == set(payload["beat"])
+
+
+OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
+# Fields not always there: a task's when its options are invalid; a waiter's.
+OPTIONAL = {"task": {"error"}, "session": {"waiting_since"}}
+
+
+def documented_fields() -> dict[str, set[str]]:
+    """docs/operations.md's "JSON output": each object's table of fields, by its name."""
+    text = OPERATIONS.read_text().split("### JSON output", 1)[1].split("\n### ", 1)[0]
+    found: dict[str, set[str]] = {}
+    name = ""
+    for line in text.splitlines():
+        if line.startswith("**"):
+            name = line.split("**")[1].strip("`").removesuffix(" --json")
+        elif line.startswith("| `"):
+            found.setdefault(name, set()).add(line.split("`")[1])
+    return found
+
+
+def test_every_field_of_status_and_runs_json_is_documented_once(
+    db: Database, procs: Procs, pg_dsn: str, pglock_schema: str
+) -> None:
+    """status --json and runs --json, with something in every section (a holder and its
+    running row, a skip, a waiting slot, a pause, a rogue send, a watched entry), print
+    exactly the fields docs/operations.md describes."""
+    app = make_app(
+        pg_dsn,
+        pglock_schema,
+        beat_scheduler="celery_pglock.beat:PgLockScheduler",
+        beat_schedule={
+            "nightly": {"task": TASK, "schedule": 60.0, "options": {"pglock_overdue_after": 600}}
+        },
+    )
+    name = task_lock(pglock_schema)
+    start_holder(procs, db.settings.dsn, pglock_schema, name, slot=SLOT, task_id="t-1")
+    acquire(db, claim(name, SLOT, "t-dup"), "session", None)
+    waiter = dataclasses.replace(claim(name, "2026-11-29T18:06:00Z", "t-2"), buffer=True)
+    waiting.decide(db, waiter, waiting.Message(TASK, [], {}, "json", "celery", "celery"))
+    target = controls.Target(db.tables, pglock_schema, "alice")
+    with db.connection() as conn:
+        controls.pause(conn, target, "nightly", "ticket 1")
+        params = {"namespace": pglock_schema, "task_name": TASK, "origin": "gen1@host"}
+        conn.execute(db.tables.query("record_rogue_send"), params)
+
+    status = json.loads(invoke(app, "status", "--json").stdout)
+    [run] = json.loads(invoke(app, "runs", "--json").stdout)[:1]
+    [lock] = [entry for entry in status["locks"] if entry["lock"] == name]
+    printed = {
+        "status": set(status),
+        "lock": set(lock),
+        "session": set(lock["holder"]),
+        "beat": set(status["beat"]),
+        "run": set(run),
+        **{
+            kind: set(status[section][0])
+            for kind, section in (
+                ("running", "running"),
+                ("skip", "skips"),
+                ("waiting", "waiting"),
+                ("freshness", "freshness"),
+                ("pause", "paused"),
+                ("rogue send", "rogue_sends"),
+                ("task", "tasks"),
+            )
+        },
+    }
+
+    documented = documented_fields()
+    assert set(printed) == set(documented)
+    assert {kind: documented[kind] - OPTIONAL.get(kind, set()) for kind in printed} == printed
 
 
 def test_status_table_shows_lock_host_task_and_health(
