@@ -41,6 +41,12 @@
   before the next restart, one tick short of the failure. Certain here: PostgreSQL is
   stopped while a beat replica and a worker start, and started once both have tried.
   Fixed: both wait for PostgreSQL (``startup``), beat's first ticks included.
+- D9, seed 7 (60 s) once (f) judged the ``buffered`` entry too: its slots stopped running
+  for good. A ``buffer_one`` message got its lock, then forgetting its slot's waiting row
+  met a dead pooled connection (a terminated backend): the raw ``AdminShutdown`` escaped
+  the task ("raised unexpected") and the granted lock was never given back; its
+  heartbeat kept the session, and so the lock, alive. Every later slot waited behind it.
+  Certain here: a trigger ends the session that forgets the waiting row.
 """
 
 from __future__ import annotations
@@ -57,9 +63,10 @@ from celery_pglock.keys import lock_key, split_key
 from celery_pglock.migrations import ensure_schema
 from celery_pglock.schema import Tables
 from celery_pglock.testing.embedded import EmbeddedPostgres
+from tests.apps import testapp
 from tests.chaos import chaosapp
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
-from tests.faults.workload import READY_TIMEOUT, Workload
+from tests.faults.workload import READY_TIMEOUT, Sent, Workload
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.fixtures.services import unavailable
 
@@ -299,3 +306,50 @@ def test_a_beat_and_a_worker_started_while_postgresql_is_down_come_up_once_it_an
         message="a beat slot to run",
     )
     assert (True, True) == (beat.alive, worker.alive)
+
+
+FORGET_DIES = """
+CREATE FUNCTION {schema}.forget_dies() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+CREATE TRIGGER forget_dies BEFORE DELETE ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.forget_dies();
+"""
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="D9: a granted lock leaked")
+def test_a_buffer_one_run_whose_waiting_row_cannot_be_forgotten_gives_its_lock_back(
+    private_pg: EmbeddedPostgres, procs: Procs, redis_url: str
+) -> None:
+    """A buffer_one message granted its lock, whose session forgetting the slot's waiting
+    row is ended: the lock is given back and the message retried; once the sessions live
+    again, its retry runs the slot, which succeeds (2 attempts), and no lock is left."""
+    w = Workload(
+        name="d9",
+        admin_dsn=private_pg.dsn,
+        app_dsn=private_pg.dsn,
+        redis_url=redis_url,
+        procs=procs,
+    )
+    w.prepare()
+    tables = Tables(w.schema, "pglock_")
+    trigger = sql.SQL(FORGET_DIES).format(
+        schema=sql.Identifier(w.schema), table=sql.Identifier(w.schema, "pglock_waiting")
+    )
+    with psycopg.connect(private_pg.dsn, autocommit=True) as conn:
+        ensure_schema(conn, tables, auto_migrate=True)
+        conn.execute(trigger)
+    w.worker("w", concurrency=1)
+    sent = testapp.app.send_task("testapp.buffered_tick", headers={"pglock_slot": SLOT})
+    lock = f"{w.namespace}:testapp.buffered_tick"
+
+    def attempted() -> bool:
+        return sent.state != "PENDING" or bool(w.executions())
+
+    w.wait_for(attempted, timeout=DEADLINE, message="the first attempt")
+    with psycopg.connect(private_pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TRIGGER forget_dies ON {}").format(tables.table("waiting")))
+    w.settle([Sent(sent, lock, SLOT)])
+    [row] = [r for r in w.ledger() if r["lock_name"] == lock]
+
+    assert ("SUCCESS", "succeeded", 2) == (sent.state, row["state"], row["attempts"])
+    assert None is holder_backend(private_pg.dsn, lock)
