@@ -306,12 +306,14 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A connection for plain statements (no locks, autocommit), given back afterwards."""
+        """A connection for plain statements (no locks, autocommit), given back afterwards;
+        driver errors raised inside become ``translate_error``'s."""
         conn = self.getconn()
         try:
-            if not conn.autocommit:  # a transaction-scope run gave it back idle
-                conn.autocommit = True
-            yield conn
+            with translated(self.settings):  # a task retries DatabaseUnavailable
+                if not conn.autocommit:  # a transaction-scope run gave it back idle
+                    conn.autocommit = True
+                yield conn
         finally:
             self.putconn(conn, clean=True)  # reset anyway if it is not idle
 

@@ -171,7 +171,7 @@ class PgLockMixin:
                     db, self.app, claim, decision, scope=options.scope, lease=options.lease
                 )
             elif claim.buffer and (isinstance(outcome, Lease) or self._pglock_copy()):
-                waiting.forget(db, claim)  # its slot runs, or was skipped: it waits no more
+                self._pglock_forget(db, claim, outcome)
         except DatabaseUnavailable as exc:
             return self._pglock_db_error(options, exc, args, kwargs)
         _outage.succeeded()
@@ -180,6 +180,18 @@ class PgLockMixin:
         if isinstance(outcome, Skip):
             self._pglock_report_skip(outcome, own_copy=self._pglock_own_copy(claim, outcome))
         return self._pglock_run(db, outcome, args, kwargs)
+
+    def _pglock_forget(self, db: Database, claim: Claim, outcome: Lease | Skip) -> None:
+        """Its slot runs, or was skipped: it waits no more. A granted lock is given back
+        (recorded failed, nothing ran) when PostgreSQL fails meanwhile: the message is
+        then retried, where the lock would otherwise stay held for good (its heartbeat
+        keeps the session alive) and every later slot wait behind it."""
+        try:
+            waiting.forget(db, claim)
+        except DatabaseUnavailable as exc:
+            if isinstance(outcome, Lease):
+                self._pglock_fail(db, outcome, exc)
+            raise
 
     def _pglock_claim(
         self, options: TaskOptions, slot: str | None, entry: str | None, call: tuple[Any, Any]
