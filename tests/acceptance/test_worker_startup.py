@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
 from tests.apps.harness import DEADLINE, app_env, configure_broker_client, redis_result_backend
-from tests.fixtures.pg import require_password
+from tests.fixtures.pg import ROLE_PASSWORD, require_password
 from tests.fixtures.procs import Procs
 
 pytestmark = pytest.mark.acceptance
 
-PASSWORD = "Sup3rS3cretPw"  # noqa: S105 - fake; must never be printed
+PASSWORD = ROLE_PASSWORD  # the role fixture's: must never be printed
 EXIT_TIMEOUT = 30.0  # seconds for a worker to give up (a loaded machine); it takes ~3
 UNREACHABLE = f"postgresql://app:{PASSWORD}@127.0.0.1:1/app"
 WAITING = "is waiting for PostgreSQL"
@@ -63,19 +59,6 @@ def test_bad_dsn_stops_worker_naming_setting_without_password(
     assert stopped_at_once(status, output), output
     assert "pglock_dsn" in output
     assert PASSWORD not in output
-
-
-@pytest.fixture
-def role(pg_conn: psycopg.Connection[Any]) -> Any:
-    """A fresh role with a password and no privilege; dropped after the test."""
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    ident = sql.Identifier(name)
-    pg_conn.execute(
-        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(ident, sql.Literal(PASSWORD))
-    )
-    yield name
-    pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
-    pg_conn.execute(sql.SQL("DROP ROLE {}").format(ident))
 
 
 MISCONFIGURED = {  # what the DSN gets wrong -> (libpq options, what the line says)

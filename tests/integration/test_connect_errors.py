@@ -5,8 +5,6 @@ are throwaway ones of each test."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -19,11 +17,11 @@ from celery_pglock.db import check_server, connect, translated
 from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
 from celery_pglock.startup import answers
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from tests.fixtures.pg import require_password
+from tests.fixtures.pg import ROLE_PASSWORD, require_password
 
 pytestmark = pytest.mark.integration
 
-PASSWORD = "Sup3rS3cretPw"  # noqa: S105 - fake; must never be printed
+PASSWORD = ROLE_PASSWORD  # the role fixture's: must never be printed
 
 
 def outage(dsn: str, **settings: Any) -> DatabaseUnavailable:
@@ -40,22 +38,6 @@ def misconfigured(dsn: str, **settings: Any) -> ConfigurationError:
         check_server(Settings(dsn=dsn, connect_timeout=2, **settings))
     assert PASSWORD not in str(raised.value)
     return raised.value
-
-
-@pytest.fixture
-def role(pg_conn: psycopg.Connection[Any]) -> Iterator[str]:
-    """A fresh role with a password (LOGIN, nothing else); dropped after the test."""
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    pg_conn.execute(
-        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-            sql.Identifier(name), sql.Literal(PASSWORD)
-        )
-    )
-    try:
-        yield name
-    finally:
-        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
 # -- outages ------------------------------------------------------------------------------
