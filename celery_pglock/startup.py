@@ -5,12 +5,15 @@ PostgreSQL is briefly away (a failover, a rolling deploy, a node reboot) waits f
 orchestrator that restarts an exited process backs off exponentially, and would bring it
 back minutes after the database. Attempts come 1, 2, 4 … 30 s apart; each failed one logs
 one WARNING (the reason, the next delay) and the first that succeeds after a failure one
-INFO line. In between, the server is pinged (libpq's ``PQping``: no session, no
-authentication), so that the next attempt comes as soon as it answers again rather than
-at the end of a long delay. A misconfiguration (any ``ConfigurationError``, such as
-``DatabaseMisconfigured``) is never waited for. ``pglock_connection_retry_on_startup =
-False`` gives up at the first failure and ``pglock_connection_max_retries = N`` after N
-more, as Celery's ``broker_connection_retry_on_startup`` and ``_max_retries`` do.
+INFO line. In between, each server the DSN names is pinged once a second (libpq's
+``PQping``: no session, no authentication, 2 s at most), so that the next attempt comes
+as soon as a server that did not answer does again (a restart, a reboot) rather than at
+the end of a long delay. A server that answered all along but refused (a standby not
+promoted yet, no connection slot) gives no such sign: the delay is waited out. A
+misconfiguration (any ``ConfigurationError``, such as ``DatabaseMisconfigured``) is never
+waited for. ``pglock_connection_retry_on_startup = False`` gives up at the first failure
+and ``pglock_connection_max_retries = N`` after N more, as Celery's
+``broker_connection_retry_on_startup`` and ``broker_connection_max_retries`` do.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 from psycopg import pq
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_pglock.config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
@@ -30,7 +33,8 @@ T = TypeVar("T")
 
 FIRST_DELAY = 1.0  # seconds after the first failed attempt; doubled after each one
 MAX_DELAY = 30.0
-PING_EVERY = 0.5  # seconds between two pings while waiting
+PING_EVERY = 1.0  # seconds between two rounds of pings while waiting
+PING_TIMEOUT = 2  # seconds a ping may take per server (libpq's least connect_timeout)
 NAP = 0.1  # seconds between two looks at a stop request while waiting
 
 
@@ -39,11 +43,33 @@ def delay_after(failures: int) -> float:
     return min(MAX_DELAY, FIRST_DELAY * 2.0 ** min(failures - 1, 16))
 
 
-def answers(settings: Settings) -> bool:
-    """Whether the server accepts connections now (``PQping``: no session is opened)."""
-    timeout = max(1, round(settings.connect_timeout))
-    conninfo = make_conninfo(settings.dsn, connect_timeout=timeout)
-    return pq.PGconn.ping(conninfo.encode()) == pq.Ping.OK
+def answering(settings: Settings) -> frozenset[str]:
+    """The servers of the DSN that accept connections now, each pinged alone (``PQping``
+    opens no session; with several hosts libpq would report the first one only)."""
+    found = set()
+    for server in servers(settings.dsn):
+        conninfo = make_conninfo(
+            settings.dsn, **server, target_session_attrs="any", connect_timeout=PING_TIMEOUT
+        )
+        if pq.PGconn.ping(conninfo.encode()) == pq.Ping.OK:
+            found.add(",".join(value for value in server.values() if value))
+    return frozenset(found)
+
+
+def servers(dsn: str) -> list[dict[str, str | None]]:
+    """libpq's host, hostaddr and port of each server ``dsn`` names, one dict each."""
+    params = conninfo_to_dict(dsn)
+    lists = {key: str(params.get(key) or "").split(",") for key in ("host", "hostaddr", "port")}
+    count = max(len(values) for values in lists.values())
+    return [
+        {key: _nth(values, index) or None for key, values in lists.items()}
+        for index in range(count)
+    ]
+
+
+def _nth(values: list[str], index: int) -> str:
+    # libpq: a list as long as the hosts', or a single value that applies to each
+    return values[index] if index < len(values) else values[-1] if len(values) == 1 else ""
 
 
 class StartupWait:
@@ -60,30 +86,30 @@ class StartupWait:
         logger: logging.Logger,
         *,
         clock: Callable[[], float] = time.monotonic,
-        ping: Callable[[], bool] | None = None,
+        ping: Callable[[], frozenset[str]] | None = None,
     ) -> None:
         self.settings = settings
         self.who = who
         self.logger = logger
         self.clock = clock
-        self.ping = ping if ping is not None else lambda: answers(settings)
+        self.ping = ping if ping is not None else lambda: answering(settings)
         self.failures = 0
         self.began = clock()
         self.next_attempt = self.began
         self._next_ping = self.began
-        self._answered = True  # what the last ping said (before any: nothing to wait for)
+        self._answered: frozenset[str] = frozenset()  # the servers the last pings reached
 
     def due(self) -> bool:
-        """Whether to attempt now: the delay is over, or the server has just come back
-        (a ping answered where the last one did not)."""
+        """Whether to attempt now: the delay is over, or a server has just come back (it
+        answers a ping where the last round found it silent)."""
         now = self.clock()
         if now >= self.next_attempt:
             return True
         if now < self._next_ping:
             return False
-        self._next_ping = now + PING_EVERY
         answered, self._answered = self._answered, self.ping()
-        return self._answered and not answered
+        self._next_ping = self.clock() + PING_EVERY
+        return bool(self._answered - answered)
 
     def failed(self, exc: DatabaseUnavailable) -> None:
         """Note a failed attempt and say so; raise when waiting is not the answer (a

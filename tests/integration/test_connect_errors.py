@@ -15,9 +15,9 @@ from psycopg.conninfo import make_conninfo
 from celery_pglock.config import Settings
 from celery_pglock.db import check_server, connect, translated
 from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
-from celery_pglock.startup import answers
+from celery_pglock.startup import answering
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from tests.fixtures.pg import ROLE_PASSWORD, require_password
+from tests.fixtures.pg import ROLE_PASSWORD, require_password, started_embedded
 
 pytestmark = pytest.mark.integration
 
@@ -143,12 +143,17 @@ def test_an_invalid_connection_option_is_a_misconfiguration(pg_dsn: str) -> None
     assert "no_such_option" in str(found)
 
 
-def test_a_ping_tells_a_stopped_server_from_one_that_answers(private_pg: EmbeddedPostgres) -> None:
-    """startup.answers: False while the server is stopped, True once it accepts
-    connections (no session opened: what the start-up wait polls between attempts)."""
-    settings = Settings(dsn=private_pg.dsn, connect_timeout=2)
-    private_pg.stop()
-    stopped = answers(settings)
-    private_pg.start()
+def test_pings_tell_which_servers_answer(private_pg: EmbeddedPostgres) -> None:
+    """startup.answering, on a DSN naming a stopped server and a running one: each is
+    pinged alone (no session), the running one answers; the stopped one once started."""
+    other = make_conninfo(private_pg.dsn)  # the running one, by keywords
+    with started_embedded() as stopped_one:
+        hosts = f"127.0.0.1:{stopped_one.port},127.0.0.1:{private_pg.port}"
+        settings = Settings(dsn=f"postgresql://postgres@{hosts}/postgres", connect_timeout=2)
+        stopped_one.stop()
+        before = answering(settings)
+        stopped_one.start()
+        after = answering(settings)
 
-    assert (False, True) == (stopped, answers(settings))
+    assert other
+    assert ({f"127.0.0.1,{private_pg.port}"}, 2) == (set(before), len(after))
