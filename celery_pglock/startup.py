@@ -56,15 +56,14 @@ def answering(settings: Settings) -> frozenset[str]:
     return frozenset(found)
 
 
-def servers(dsn: str) -> list[dict[str, str | None]]:
-    """libpq's host, hostaddr and port of each server ``dsn`` names, one dict each."""
+def servers(dsn: str) -> list[dict[str, str]]:
+    """libpq's host, hostaddr and port of each server ``dsn`` names, one dict each (an
+    empty value: libpq's default, as in the DSN's own list)."""
     params = conninfo_to_dict(dsn)
-    lists = {key: str(params.get(key) or "").split(",") for key in ("host", "hostaddr", "port")}
-    count = max(len(values) for values in lists.values())
-    return [
-        {key: _nth(values, index) or None for key, values in lists.items()}
-        for index in range(count)
-    ]
+    keys = [key for key in ("host", "hostaddr", "port") if params.get(key) is not None]
+    lists = {key: str(params[key]).split(",") for key in keys}
+    count = max((len(values) for values in lists.values()), default=1)
+    return [{key: _nth(values, index) for key, values in lists.items()} for index in range(count)]
 
 
 def _nth(values: list[str], index: int) -> str:

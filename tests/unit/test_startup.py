@@ -9,7 +9,7 @@ import pytest
 
 from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseMisconfigured, DatabaseUnavailable
-from celery_pglock.startup import PING_EVERY, StartupWait, delay_after
+from celery_pglock.startup import PING_EVERY, StartupWait, delay_after, servers
 
 logger = logging.getLogger("tests.startup")
 DOWN = DatabaseUnavailable("cannot use PostgreSQL at 'db': Connection refused.")
@@ -135,3 +135,28 @@ def test_the_answer_is_said_once_only_after_a_wait(caplog: pytest.LogCaptureFixt
 
     assert ["INFO"] == [r.levelname for r in caplog.records]
     assert "PostgreSQL answers, after 2 failed attempts" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://app@db/app", [{"host": "db"}]),
+        (
+            "postgresql://app@h1:5432,h2:5433/app",
+            [{"host": "h1", "port": "5432"}, {"host": "h2", "port": "5433"}],
+        ),
+        (
+            "postgresql://app@h1,h2:5433/app",
+            [{"host": "h1", "port": ""}, {"host": "h2", "port": "5433"}],
+        ),
+        (
+            "host=h1,h2 port=5432 dbname=app",
+            [{"host": "h1", "port": "5432"}, {"host": "h2", "port": "5432"}],
+        ),
+        ("dbname=app", [{}]),
+    ],
+)
+def test_each_server_of_a_dsn_is_pinged_alone(dsn: str, expected: list[dict[str, str]]) -> None:
+    """The hosts and ports of a multi-host DSN, paired as libpq pairs them (one port for
+    every host, an empty one for the default)."""
+    assert expected == servers(dsn)
