@@ -40,6 +40,9 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_auto_migrate": True,
     "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
     "pglock_connect_timeout": 5.0,
+    # At start-up, wait for PostgreSQL as Celery waits for its broker (see ``startup``).
+    "pglock_connection_retry_on_startup": True,
+    "pglock_connection_max_retries": None,  # None (or 0, as in Celery): wait for ever
     "pglock_all_tasks": False,  # lock every task of the app (as each is created)
     "pglock_enabled": True,  # False: the test mode, tasks run unlocked and need no database
     # Task option defaults (each may also be set per task as a task attribute).
@@ -168,6 +171,8 @@ class Settings:
     auto_migrate: bool = True
     pool_size: int | None = None  # None: "auto", resolved per process by celery_pglock.db
     connect_timeout: float = 5.0
+    retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
+    max_retries: int | None = None  # failed attempts before giving up; None: never
 
     def __repr__(self) -> str:
         return (
@@ -193,6 +198,8 @@ class Settings:
             connect_timeout=_positive(
                 setting(conf, "pglock_connect_timeout"), "pglock_connect_timeout"
             ),
+            retry_on_startup=enabled_setting(conf, "pglock_connection_retry_on_startup"),
+            max_retries=_max_retries(setting(conf, "pglock_connection_max_retries")),
         )
 
 
@@ -402,6 +409,19 @@ def _pool_size(value: Any) -> int | None:
             f"pglock_pool_size must be a positive int or 'auto', got {value!r}"
         )
     return size
+
+
+def _max_retries(value: Any) -> int | None:
+    """``pglock_connection_max_retries``: an int >= 0; None or 0 (Celery's meaning) is none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            "pglock_connection_max_retries must be an int >= 0 (failed attempts to reach "
+            f"PostgreSQL at start-up before giving up), or None (0 too) to wait for ever; got "
+            f"{value!r}"
+        )
+    return value or None
 
 
 def _positive(value: Any, name: str, kind: type = float) -> Any:

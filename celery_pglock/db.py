@@ -23,9 +23,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_pglock import unwaited
 from celery_pglock.config import Settings, redact
-from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
+from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
 from celery_pglock.failover import Recall
 from celery_pglock.migrations import ensure_schema
+from celery_pglock.outage import misconfiguration
 from celery_pglock.parking import Parking
 
 logger = logging.getLogger("celery_pglock")
@@ -73,19 +74,45 @@ def connect_kwargs(settings: Settings) -> dict[str, Any]:
 
 
 def translate_error(exc: BaseException, settings: Settings) -> DatabaseUnavailable:
-    """A ``DatabaseUnavailable`` naming the server (never the password) and the cause."""
+    """A ``DatabaseUnavailable`` naming the server (never the password) and the cause: an
+    outage, or a ``DatabaseMisconfigured`` that names the fix (``outage.misconfiguration``)."""
     if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
         return read_only(settings)
     cause = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    where = f"cannot use PostgreSQL at {redact(settings.dsn)!r}: {cause}."
+    fix = misconfiguration(exc)
+    if fix is not None:
+        return DatabaseMisconfigured(f"{where} To fix: {fix}.")
     return DatabaseUnavailable(
-        f"cannot use PostgreSQL at {redact(settings.dsn)!r}: {cause}. Check pglock_dsn "
-        "(or PGLOCK_DSN), that the server is running and that this host may connect."
+        f"{where} Check pglock_dsn (or PGLOCK_DSN), that the server is running and that "
+        "this host may connect."
     )
 
 
-def read_only(settings: Settings) -> DatabaseUnavailable:
+@contextmanager
+def translated(settings: Settings) -> Iterator[None]:
+    """Driver errors raised inside become ``translate_error``'s."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate_error(exc, settings) from None
+
+
+def check_server(settings: Settings) -> bool:
+    """What a worker or beat checks as it starts: the server takes writes and has our
+    tables (created when allowed); whether a transaction pooler stands in between.
+
+    Raises ``DatabaseUnavailable`` for an outage, a ``ConfigurationError`` for what to fix.
+    """
+    with connect(settings) as conn, translated(settings):
+        check_writable(conn, settings)
+        ensure_schema(conn, settings.tables, auto_migrate=settings.auto_migrate)
+        return transaction_pooled(conn, settings)
+
+
+def read_only(settings: Settings) -> DatabaseMisconfigured:
     """The server ``settings`` reached takes no writes: a standby, or a primary demoted."""
-    return DatabaseUnavailable(
+    return DatabaseMisconfigured(
         f"PostgreSQL at {redact(settings.dsn)!r} is read-only (a standby, a primary demoted by "
         "a failover, or default_transaction_read_only): celery-pglock writes its ledger on "
         "the primary. Point pglock_dsn at the primary, or list every host and add "
@@ -201,7 +228,7 @@ class Database:
 
     def open(self) -> None:
         """Open the pool and make sure the schema exists; raise a clear error if we cannot."""
-        with connect(self.settings) as conn:
+        with connect(self.settings) as conn, translated(self.settings):
             check_writable(conn, self.settings)
             self._learn_server(conn)
             self.ensure_schema(conn)
@@ -279,12 +306,14 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A connection for plain statements (no locks, autocommit), given back afterwards."""
+        """A connection for plain statements (no locks, autocommit), given back afterwards;
+        driver errors raised inside become ``translate_error``'s."""
         conn = self.getconn()
         try:
-            if not conn.autocommit:  # a transaction-scope run gave it back idle
-                conn.autocommit = True
-            yield conn
+            with translated(self.settings):  # a task retries DatabaseUnavailable
+                if not conn.autocommit:  # a transaction-scope run gave it back idle
+                    conn.autocommit = True
+                yield conn
         finally:
             self.putconn(conn, clean=True)  # reset anyway if it is not idle
 

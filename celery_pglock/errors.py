@@ -23,6 +23,16 @@ class DatabaseUnavailable(PgLockError):
     """PostgreSQL could not be reached or refused the connection (password never shown)."""
 
 
+class DatabaseMisconfigured(DatabaseUnavailable, ConfigurationError):
+    """PostgreSQL answered, and refused for a reason that waiting does not cure: wrong
+    credentials, an unknown database or role, missing privileges, a read-only server.
+
+    A ``DatabaseUnavailable`` where it happens at run time (a task retries it as it retries
+    an outage, giving an operator time to fix it); a ``ConfigurationError`` at start-up,
+    where a process stops on it at once, naming the fix (``celery_pglock.startup``).
+    """
+
+
 class SchemaMissing(ConfigurationError):
     """The tables are missing and ``pglock_auto_migrate`` is off."""
 

@@ -19,8 +19,10 @@ from celery.exceptions import Ignore
 from celery_pglock import waiting
 from celery_pglock.config import TaskOptions
 from celery_pglock.db import Database
+from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.messages import headers_of
 from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.runs import settle_failure
 from celery_pglock.states import SKIPPED, WAITING
 
 logger = logging.getLogger("celery_pglock")
@@ -51,8 +53,21 @@ def take_turn(
             db, task.app, claim, decision, scope=options.scope, lease_seconds=options.lease
         )
     if isinstance(outcome, Lease) or is_copy(task):
-        waiting.forget(db, claim)
+        _forget(db, claim, outcome)
     return outcome
+
+
+def _forget(db: Database, claim: Claim, outcome: Lease | Skip) -> None:
+    """Its slot runs, or was skipped: it waits no more. A granted lock is given back
+    (recorded failed, nothing ran) when PostgreSQL fails meanwhile: the message is then
+    retried, where the lock would otherwise stay held for good (its heartbeat keeps the
+    session alive) and every later slot wait behind it."""
+    try:
+        waiting.forget(db, claim)
+    except DatabaseUnavailable as exc:
+        if isinstance(outcome, Lease):
+            settle_failure(db, outcome, exc)
+        raise
 
 
 def own_copy(task: Any, claim: Claim, skip: Skip) -> bool:

@@ -1,9 +1,12 @@
 """The worker's side of celery-pglock: a start-up step and Celery's process signals.
 
-``StartupCheck`` fails a worker at start-up when the DSN or the schema is wrong, and
-sizes each process's lock connections to the worker's pool. The signal hooks open a
-prefork child's own pool after fork, record the attempt of a pool child that died
-mid-task, and close the pools when a process shuts down.
+``StartupCheck`` waits for PostgreSQL when it is away as the worker starts (``startup``),
+stops the worker with one line when the DSN, the server or the schema is wrong, and
+sizes each process's lock connections to the worker's pool. It blocks in ``start``: the
+Consumer, the worker's last step, starts only after it, so no message is consumed (and
+the worker is not ``ready``) before the check passed. The signal hooks open a prefork
+child's own pool after fork, record the attempt of a pool child that died mid-task, and
+close the pools when a process shuts down.
 """
 
 from __future__ import annotations
@@ -15,33 +18,37 @@ from typing import Any, ClassVar
 from celery import Celery, bootsteps
 from celery import signals as celery_signals
 from celery.exceptions import WorkerLostError
+from celery.worker import state as worker_state
 
 from celery_pglock import policy
 from celery_pglock.config import Settings, app_settings
 from celery_pglock.db import (
     FIX_SCOPE,
-    check_writable,
+    check_server,
     close_all,
-    connect,
     database,
     pooler_message,
     serve_tasks,
     size_for_worker,
-    transaction_pooled,
     waits_block_greenlets,
 )
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.ledger import record_worker_lost
 from celery_pglock.messages import BUILTIN_PREFIX
-from celery_pglock.migrations import ensure_schema
+from celery_pglock.startup import refuse_to_start, wait_for_postgres
 from celery_pglock.task import PgLockMixin, locking
 
 logger = logging.getLogger("celery_pglock")
 
+# Whether this worker's start-up check passed. Prefork children forked before it (the
+# Pool step starts first) connect at their first task, which comes after it.
+_checked = False
+
 
 class StartupCheck(bootsteps.StartStopStep):
-    """Fail the worker at start-up when the DSN or the schema is wrong, with a clear message;
-    size the lock connections to the worker's pool and say how many a process may open."""
+    """Wait for PostgreSQL at start-up; stop the worker with one line naming the fix when
+    the DSN, the server or the schema is wrong; size the lock connections to the worker's
+    pool and say how many a process may open."""
 
     label = "celery-pglock"
 
@@ -59,15 +66,24 @@ class StartupCheck(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         if not locking(worker.app):  # the test mode: no database, said once
             return
+        try:
+            self._check(worker)
+        except PgLockError as exc:  # a misconfiguration, or the wait given up
+            refuse_to_start("worker", logger, exc)
+
+    def _check(self, worker: Any) -> None:
+        global _checked  # noqa: PLW0603 - one process-wide fact, inherited by forked children
         check_task_options(worker.app)
         log_locking(worker.app)
         serve_tasks()
         settings = app_settings(worker.app)
-        with connect(settings) as conn:
-            check_writable(conn, settings)
-            tables = settings.tables
-            ensure_schema(conn, tables, auto_migrate=settings.auto_migrate)
-            pooled = transaction_pooled(conn, settings)
+        pooled = wait_for_postgres(
+            settings,
+            lambda: check_server(settings),
+            who="worker",
+            logger=logger,
+            interrupt=worker_state.maybe_shutdown,  # SIGTERM while waiting: stop waiting
+        )
         if pooled and (session := _session_scope_tasks(worker.app)):
             logger.error(
                 "%s; these tasks will fail: %s",
@@ -76,12 +92,14 @@ class StartupCheck(bootsteps.StartStopStep):
                 extra={"action": "pglock_transaction_pooler"},
             )
         self._size_connections(worker, settings)
+        _checked = True
         logger.info("celery-pglock ready: %r", settings, extra={"action": "pglock_ready"})
 
     @classmethod
     def _size_connections(cls, worker: Any, settings: Settings) -> None:
         # This step runs in the worker's main process before it consumes: where threads,
-        # gevent and eventlet run the tasks, and before prefork forks its children.
+        # gevent and eventlet run the tasks. Prefork's children, forked by the Pool step
+        # before this one, keep the default size.
         pool = cls._pool_name(worker.pool_cls)
         concurrency = max(worker.concurrency or 1, getattr(worker, "max_concurrency", 0) or 0)
         in_process = pool in cls.IN_PROCESS or bool(getattr(worker.pool_cls, "is_green", False))
@@ -184,10 +202,11 @@ def _session_scope_tasks(app: Celery) -> list[str]:
 
 @celery_signals.worker_process_init.connect
 def _open_pool_after_fork(**_: Any) -> None:
-    # Prefork child: build this process's own pool now rather than on the first task.
+    # Prefork child: build this process's own pool now rather than on the first task,
+    # unless forked before the start-up check passed (PostgreSQL may be away meanwhile).
     serve_tasks()
     app = _current_app_with_pglock()
-    if app is not None:
+    if app is not None and _checked:
         try:
             database(app_settings(app))
         except PgLockError as exc:  # the first task will retry and report

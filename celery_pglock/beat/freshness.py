@@ -1,15 +1,19 @@
 """Freshness: know when a periodic job did not run (``pglock_overdue_after``).
 
-The beat leader looks at the ledger every second: for each entry with a deadline,
-its newest succeeded slot and the oldest slot sent since then that has not succeeded.
-That slot is *overdue* once it fell due more than the deadline ago: the leader fires
-``task_overdue``, logs one WARNING (``action`` ``pglock_entry_overdue``), once per slot,
-and publishes ``entry_freshness`` for the metrics on every look. No extra process.
+The beat leader looks at the ledger on every tick (about every second): for each entry
+with a deadline, its newest succeeded slot and the oldest slot sent since then that has
+not succeeded. That slot is *overdue* once it fell due more than the deadline ago (its
+*deadline*: due time + ``pglock_overdue_after``; ``overdue_seconds``: how long past it):
+the leader fires ``task_overdue``, logs one WARNING (``action`` ``pglock_entry_overdue``),
+once per slot, and publishes ``entry_freshness`` for the metrics on every look. A look
+also learns the next deadline of a slot still pending, and beat wakes for it (``wake_in``),
+so an alert comes at its deadline, not up to a tick later. No extra process.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +26,11 @@ from celery_pglock.ledger import RunQuery
 
 logger = logging.getLogger("celery_pglock.beat")
 
-CHECK_EVERY = 1.0  # seconds between two looks: an alert within a tick of its deadline
+CHECK_EVERY = 1.0  # seconds between two regular looks
+# Beat wakes on the second give or take a few ms: a tick this much early still looks
+# (else every other tick would skip its look).
+EARLY = 0.1
+PAST_DEADLINE = 0.05  # seconds after a deadline its look comes, whatever the clocks' jitter
 
 
 @dataclass(frozen=True)
@@ -46,11 +54,19 @@ class Freshness:
 
     @property
     def overdue_by(self) -> float | None:
-        """Seconds past the deadline, when overdue; None when not."""
+        """Seconds past the deadline (``overdue_seconds``), when overdue; None when not."""
         waited = self.pending_for
         if waited is None or waited <= self.overdue_after:
             return None
         return waited - self.overdue_after
+
+    @property
+    def deadline_in(self) -> float | None:
+        """Seconds until the pending slot's deadline, when it has one still to come."""
+        waited = self.pending_for
+        if waited is None or waited > self.overdue_after:
+            return None
+        return self.overdue_after - waited
 
 
 def evaluate(
@@ -79,24 +95,41 @@ def freshness_params(
 
 
 class FreshnessWatch:
-    """The beat leader's look at the ledger, every ``CHECK_EVERY`` seconds."""
+    """The beat leader's look at the ledger: on each tick at most every ``CHECK_EVERY``
+    seconds, and at each pending slot's deadline (``wake_in``)."""
 
-    def __init__(self, settings: BeatSettings, run_query: RunQuery, sender: Any) -> None:
+    def __init__(
+        self,
+        settings: BeatSettings,
+        run_query: RunQuery,
+        sender: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self._run_query = run_query
         self._sender = sender
-        self._next = 0.0
+        self._clock = clock
+        self._next = 0.0  # the next regular look (monotonic)
+        self._deadline = math.inf  # the next pending slot's deadline (monotonic)
         self._told: set[tuple[str, str]] = set()  # (entry, slot) already reported overdue
 
     def maybe_check(
         self, entries: Iterable[Any], lock_name: Callable[[Any], str], now: datetime
     ) -> None:
-        clock = time.monotonic()
-        if clock < self._next:
+        clock = self._clock()
+        if clock < min(self._next, self._deadline):
             return
-        self._next = clock + CHECK_EVERY
-        for fresh in look(self.settings, entries, lock_name, self._run_query, now):
+        self._next = clock + CHECK_EVERY - EARLY
+        found = look(self.settings, entries, lock_name, self._run_query, now)
+        coming = [f.deadline_in for f in found if f.deadline_in is not None]
+        self._deadline = clock + min(coming) + PAST_DEADLINE if coming else math.inf
+        for fresh in found:
             self._publish(fresh)
+
+    def wake_in(self) -> float:
+        """Seconds until the next deadline of a pending slot (beat sleeps no longer)."""
+        return max(0.0, self._deadline - self._clock())
 
     def _publish(self, fresh: Freshness) -> None:
         overdue = fresh.overdue_by is not None
@@ -116,12 +149,13 @@ class FreshnessWatch:
 
     def _report(self, fresh: Freshness) -> None:
         logger.warning(
-            "beat entry %r is overdue: slot %s fell due %.0f s ago and has not succeeded "
-            "(pglock_overdue_after %.0f s; last success: %s)",
+            "beat entry %r is overdue: slot %s fell due %s s ago and has not succeeded, "
+            "%s s past its deadline (pglock_overdue_after %s s; last success: %s)",
             fresh.entry,
             fresh.first_pending,
-            fresh.pending_for or 0.0,
-            fresh.overdue_after,
+            seconds(fresh.pending_for or 0.0),
+            seconds(fresh.overdue_by or 0.0),
+            seconds(fresh.overdue_after),
             fresh.last_success or "none",
             extra={
                 "action": "pglock_entry_overdue",
@@ -138,6 +172,11 @@ class FreshnessWatch:
             last_success=fresh.last_success,
             last_success_at=fresh.last_success_at,
         )
+
+
+def seconds(value: float) -> str:
+    """A number of seconds as people read it: 2.5, 4, 600 (one decimal at most)."""
+    return f"{value:.1f}".removesuffix(".0")
 
 
 def look(

@@ -1,18 +1,22 @@
 """The schedulers: ``PgLockSchedulerMixin`` for any scheduler class, ``PgLockScheduler``.
 
-A tick, in order: a standby sends nothing; the leader (or, with ``pglock_beat_leader =
-False``, every replica) asks the planner for the due slots (``planner``), claims all of
-them in one round trip (``claims``), and publishes only what it claimed, with the slot in
-the ``pglock_slot`` header; then it re-sends claims never confirmed, sweeps rows dead
-attempts left running, and prunes the ledger (``retention``).
+The first ticks start the replica: they reach PostgreSQL, waiting for it while it is away
+(``startup``: a WARNING per failed attempt, backing off to 30 s, beat sleeping between
+ticks as usual), and start the leader election; a misconfiguration stops beat with one
+line and exit status 1. Every later tick, in order: a standby sends nothing; the leader
+(or, with ``pglock_beat_leader = False``, every replica) asks the planner for the due
+slots (``planner``), claims all of them in one round trip (``claims``), and publishes only
+what it claimed, with the slot in the ``pglock_slot`` header; then it re-sends claims never
+confirmed, sweeps rows dead attempts left running, and prunes the ledger (``retention``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from celery.beat import Scheduler
@@ -26,18 +30,19 @@ from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.db import (
     FIX_BEAT,
-    check_writable,
+    check_server,
     connect,
     database,
     pooler_message,
-    transaction_pooled,
     translate_error,
+    translated,
 )
-from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, PgLockError
 from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.migrations import ensure_schema
 from celery_pglock.retention import AutoPrune
+from celery_pglock.startup import StartupWait, refuse_to_start
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -93,6 +98,9 @@ class PgLockSchedulerMixin:
         self._election: LeaderElection | None = None
         self._freshness = FreshnessWatch(self.pglock_beat, self._run_query, self)
         self._schema_ready = False
+        self._startup: StartupWait | None = None  # created by the first tick
+        self._started = False
+        self._exit_status: int | None = None  # set when beat must stop (see close)
         super().__init__(*args, **kwargs)
         self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
         self._planner = SlotPlanner(self.pglock_beat, self.max_interval)
@@ -105,9 +113,9 @@ class PgLockSchedulerMixin:
         return self._election is not None and self._election.is_leader()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self._started and not self._start():
+            return min(STANDBY_POLL, self.max_interval)
         now = datetime.now(timezone.utc)
-        if self.pglock_beat.leader_mode and self._election is None:
-            self._start_election()
         if not self.is_leader:
             self._leading = False
             return min(STANDBY_POLL, self.max_interval)
@@ -121,7 +129,52 @@ class PgLockSchedulerMixin:
         if self._outage:
             self._outage = False
             logger.info("beat reaches PostgreSQL again", extra={"action": "pglock_beat_db_back"})
-        return self._planner.next_wake()
+        return min(self._planner.next_wake(), self._freshness.wake_in())
+
+    def _start(self) -> bool:
+        """On a tick before the replica started: start it if an attempt is due
+        (``startup``); whether it has started. On a tick, not in ``__init__``: `celery
+        beat` also builds a lazy scheduler just to print its banner, which must not compete."""
+        if self._startup is None:
+            self._startup = StartupWait(self.pglock_settings, "beat", logger)
+        wait = self._startup
+        if not wait.due():
+            return False
+        try:
+            self._start_once()
+        except DatabaseUnavailable as exc:  # an outage, or a misconfiguration
+            self._start_failed(wait, exc)
+            return False
+        except ConfigurationError as exc:
+            self._refuse(exc)
+        wait.succeeded()
+        self._started = True
+        return True
+
+    def _start_once(self) -> None:
+        settings = self.pglock_settings
+        if not self.pglock_beat.leader_mode:
+            database(settings)  # the pool every replica claims through, checked
+        elif check_server(settings):
+            raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
+        self._load_state_if_pending()
+        if self.pglock_beat.leader_mode:
+            self._start_election()
+
+    def _start_failed(self, wait: StartupWait, exc: DatabaseUnavailable) -> None:
+        try:
+            wait.failed(exc)
+        except PgLockError as fatal:  # not worth waiting for
+            self._refuse(fatal)
+
+    def _refuse(self, exc: BaseException) -> NoReturn:
+        # Celery's beat service takes SystemExit for a shutdown and exits 0: the status
+        # rides through close(), which the service calls as it stops.
+        self._exit_status = 1
+        refuse_to_start("beat", logger, exc)
+
+    def _load_state_if_pending(self) -> None:
+        """Load what ``setup_schedule`` could not while PostgreSQL was away (none here)."""
 
     def _lead(self, now: datetime) -> None:
         if not self._leading:
@@ -139,16 +192,9 @@ class PgLockSchedulerMixin:
         self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
 
     def _start_election(self) -> None:
-        # Started on the first tick, not in __init__: `celery beat` also builds a lazy
-        # scheduler just to print its banner, and that one must not compete.
-        settings = self.pglock_settings
-        with connect(settings) as conn:
-            check_writable(conn, settings)  # a standby: stop here, naming the fix
-            if transaction_pooled(conn, settings):
-                raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
         name = leader_lock_name(self.pglock_beat.namespace)
         self._election = LeaderElection(
-            settings, lock_name=name, key=lock_key(name), lease=self.pglock_beat.lease
+            self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_beat.lease
         )
         self._election.start()
 
@@ -292,6 +338,8 @@ class PgLockSchedulerMixin:
         if self._election is not None:
             self._election.close()
         super().close()  # type: ignore[misc]
+        if self._exit_status is not None:
+            raise SystemExit(self._exit_status)
 
 
 def _rows(cursor: Any) -> list[tuple[Any, ...]]:
@@ -308,22 +356,26 @@ class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
     def setup_schedule(self) -> None:
         self.install_default_entries(self.data)
         self.merge_inplace(self.app.conf.beat_schedule)
-        self._load_state()
+        self._state_pending = True
+        with contextlib.suppress(DatabaseUnavailable):  # else loaded once PostgreSQL answers
+            self._load_state()
+
+    def _load_state_if_pending(self) -> None:
+        if self._state_pending:
+            self._load_state()
 
     def _load_state(self) -> None:
-        try:
-            with connect(self.pglock_settings) as conn:
-                self._ensure_schema(conn)
-                query = self.pglock_tables.query("beat_state")
-                rows = conn.execute(query, {"namespace": self.pglock_beat.namespace}).fetchall()
-            state = {row[0]: row for row in rows}
-        except (psycopg.Error, PgLockError) as exc:
-            self._db_error(exc)
-            return
+        settings = self.pglock_settings
+        with connect(settings) as conn, translated(settings):
+            self._ensure_schema(conn)
+            query = self.pglock_tables.query("beat_state")
+            rows = conn.execute(query, {"namespace": self.pglock_beat.namespace}).fetchall()
+        state = {row[0]: row for row in rows}
         for name, entry in self.data.items():
             if name in state and state[name][2] is not None:
                 entry.last_run_at = state[name][2]
                 entry.total_run_count = state[name][3]
+        self._state_pending = False
 
     def sync(self) -> None:
         """Nothing to do: state is written to PostgreSQL as each slot is sent."""

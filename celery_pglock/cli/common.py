@@ -3,12 +3,18 @@
 
 Exit codes: 0 done; 1 not found (no such run, lock not held, no tables yet); 2 usage (bad
 option or input, missing setting, refused without ``--yes``, name outside the app's
-namespace); 3 PostgreSQL unreachable (the message names the server, never the password);
-4 PostgreSQL refused (the role may not end other sessions).
+namespace, a misconfigured database: wrong credentials, unknown database or role, a
+read-only server); 3 PostgreSQL unreachable (the message names the server, never the
+password); 4 PostgreSQL refused (the role may not end other sessions).
+
+Short commands fail at once when PostgreSQL is unreachable; the long-running ones
+(``backfill``, ``resume --catch-up``, ``rerun``: they wait for workers anyway) first wait
+for it as a worker does (``startup``), their WARNINGs on stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import weakref
@@ -29,6 +35,7 @@ from celery_pglock.keys import lock_key
 from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.names import fixed_lock_name
 from celery_pglock.schema import Tables
+from celery_pglock.startup import wait_for_postgres
 from celery_pglock.task import PgLockMixin
 
 EXIT_OK = 0
@@ -197,9 +204,36 @@ def tables_of(app: Celery) -> Tables:
 
 
 @contextmanager
-def session(app: Celery) -> Iterator[tuple[Connection, Tables]]:
-    """A connection labelled with the operator (``pg_stat_activity``, server logs)."""
+def session(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Tables]]:
+    """A connection labelled with the operator (``pg_stat_activity``, server logs);
+    ``wait``: waiting for PostgreSQL if it is away (long-running commands)."""
     settings = app_settings(app)
     label = f"celery-pglock cli {ops.operator()}".encode()[:63].decode("utf-8", "ignore")
-    with connect(settings, application_name=label) as conn:
+
+    def attempt() -> Connection:
+        return connect(settings, application_name=label)
+
+    conn = (
+        wait_for_postgres(settings, attempt, who=_command(), logger=stderr_logger())
+        if wait
+        else attempt()
+    )
+    with conn:
         yield conn, settings.tables
+
+
+def _command() -> str:
+    ctx = click.get_current_context(silent=True)
+    return f"pglock {ctx.info_name}" if ctx is not None else "pglock"
+
+
+def stderr_logger() -> logging.Logger:
+    """Where a command's own log lines go: stderr, one line each (no logging is set up)."""
+    logger = logging.getLogger("celery_pglock.cli")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # printed once, whatever the app configured
+    return logger

@@ -82,7 +82,7 @@ def resume(ctx: click.Context, entry: str, catch_up: bool, by: str | None, as_js
         schedule = Schedule(app)
         found = schedule.entry(entry)
         limit = BeatSettings.from_app(app).entry_catch_up(found)[1] if catch_up else 0
-        with session(app) as (conn, tables):
+        with session(app, wait=catch_up) as (conn, tables):
             done = controls.resume(conn, target(app, by), entry, catch_up=limit)
             if done is None:
                 raise NotFound(f"{entry} is not paused")

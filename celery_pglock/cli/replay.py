@@ -127,7 +127,7 @@ def backfill(
         found = entries.entry(entry)
         wanted = _slots_between(app, found, start, end, limit)
         lock = entries.lock_name(found)
-        with session(app) as (conn, tables):
+        with session(app, wait=not dry_run) as (conn, tables):
             plan = _plan(controls.slot_rows(conn, tables, lock, wanted), wanted)
             if not dry_run:
                 delivery = Delivery(app, conn, tables, found, lock)
@@ -220,7 +220,7 @@ def rerun(
     with reported_errors():
         entries = Schedule(app)
         entry, lock_name = _entry_of(entries, lock)
-        with session(app) as (conn, tables):
+        with session(app, wait=True) as (conn, tables):
             previous = controls.reopen(
                 conn, target(app, by), lock_name=lock_name, slot=slot, reason=reason
             )

@@ -17,7 +17,9 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
   limit);
 - ``TEST_OVERLAP`` (the app-wide ``pglock_overlap``);
 - ``TEST_OVERDUE_AFTER`` (``pglock_overdue_after``); with ``TEST_RECORD_OVERDUE`` ("1") a
-  beat records each ``task_overdue`` signal in ``<schema>.overdue``.
+  beat records each ``task_overdue`` signal in ``<schema>.overdue``;
+- ``TEST_PGLOCK_CONF``: any more settings, as a JSON object
+  (``{"pglock_connection_max_retries": 2}``).
 
 Every task body records its execution in ``<schema>.executions`` (what ran, with which
 slot and fencing token, in which process), which is what the tests assert on. The
@@ -28,6 +30,7 @@ when a run ends instead of sleeping.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from typing import Any
@@ -75,6 +78,8 @@ if ENV.get("TEST_OVERLAP"):  # app-wide pglock_overlap (a bad one stops the work
     app.conf.pglock_overlap = ENV["TEST_OVERLAP"]
 if ENV.get("TEST_OVERDUE_AFTER"):
     app.conf.pglock_overdue_after = float(ENV["TEST_OVERDUE_AFTER"])
+if ENV.get("TEST_PGLOCK_CONF"):
+    app.conf.update(json.loads(ENV["TEST_PGLOCK_CONF"]))
 if (ENV.get("TEST_RESULT_BACKEND") or "").startswith("db+"):
     # The database result backend keeps its tables in the test's schema, dropped with it.
     app.conf.database_table_schemas = {"task": SCHEMA, "group": SCHEMA}

@@ -32,7 +32,6 @@ from tests.fixtures.services import required_services, unavailable
 pytestmark = [pytest.mark.chaos, pytest.mark.campaign]
 
 SECONDS = 30.0  # of faults per campaign: two of them take about two minutes on 2 cores
-SHORT_MIN_SLOT_SUCCESS = 0.90  # (f) over a 30-s slice: see Options.min_slot_success
 QUIET = 12.0  # seconds: beyond the beat leader's 10-s sweep of abandoned rows
 FIXED = [
     pytest.param(4242, False, id="leader-seed-4242"),
@@ -59,7 +58,6 @@ def run_campaign(seed: int, active_active: bool, workdir: Path) -> None:
         active_active=active_active,
         workdir=workdir,
         out=lines.append,
-        min_slot_success=SHORT_MIN_SLOT_SUCCESS,
     )
     try:
         outcome = Campaign(options).run()

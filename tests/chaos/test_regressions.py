@@ -31,12 +31,31 @@
   'ROLLBACK'")``, not the ``OperationalError`` that ``locks.record_transaction_failure``
   catches. Certain here: the body waits while the server restarts, then raises without a
   statement. Fixed: any error that leaves the connection closed or broken is handled alike.
+- D8, issue 24 (random mixed faults, as a user tried them): a beat replica restarted 1.6 s
+  after it was killed landed in a one-second PostgreSQL restart; its first tick starts the
+  leader election outside the guard of every later tick, so it logged ``beat raised
+  exception DatabaseUnavailable`` with a traceback and exited 1; a worker started during
+  an outage exits from its start-up check (``Unrecoverable error: DatabaseUnavailable``).
+  The campaign restarted such a process and counted it ("failed to start"). Seed 38 (30 s)
+  restarts beat b1 0.6 s before a fast PostgreSQL restart: its election connected 0.05 s
+  before the next restart, one tick short of the failure. Certain here: PostgreSQL is
+  stopped while a beat replica and a worker start, and started once both have tried.
+  Fixed: both wait for PostgreSQL (``startup``), beat's first ticks included.
+- D9, seed 7 (60 s) once (f) judged the ``buffered`` entry too: its slots stopped running
+  for good. A ``buffer_one`` message got its lock, then forgetting its slot's waiting row
+  met a dead pooled connection (a terminated backend): the raw ``AdminShutdown`` escaped
+  the task ("raised unexpected") and the granted lock was never given back; its
+  heartbeat kept the session, and so the lock, alive. Every later slot waited behind it.
+  Certain here: a trigger ends the session that forgets the waiting row. Fixed: the
+  waiting statements' errors are a ``DatabaseUnavailable`` (``Database.connection``), and
+  the granted lock is given back (recorded failed) before the message is retried.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from functools import partial
 
 import psycopg
 import pytest
@@ -46,10 +65,11 @@ from celery_pglock.keys import lock_key, split_key
 from celery_pglock.migrations import ensure_schema
 from celery_pglock.schema import Tables
 from celery_pglock.testing.embedded import EmbeddedPostgres
+from tests.apps import testapp
 from tests.chaos import chaosapp
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
-from tests.faults.workload import Workload
-from tests.fixtures.procs import Procs, wait_until
+from tests.faults.workload import READY_TIMEOUT, Sent, Workload
+from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.fixtures.services import unavailable
 
 pytestmark = pytest.mark.chaos
@@ -255,3 +275,82 @@ def test_transaction_scope_run_behind_pgbouncer_failing_after_a_restart_is_recor
         bouncer.stop()
     assert "FAILURE" == sent.result.state
     assert [(SLOT, "failed")] == rows
+
+
+def tried_to_connect(proc: Proc) -> bool:
+    """Whether a process started during the outage has met it: it waits, or it exited."""
+    return not proc.alive or "PostgreSQL" in proc.log_text()
+
+
+def test_a_beat_and_a_worker_started_while_postgresql_is_down_come_up_once_it_answers(
+    private_pg: EmbeddedPostgres, procs: Procs, redis_url: str
+) -> None:
+    """A beat replica and a worker started while PostgreSQL is down wait for it; once it
+    answers the replica leads and a beat slot runs, and neither process exited."""
+    w = Workload(
+        name="startup",
+        admin_dsn=private_pg.dsn,
+        app_dsn=private_pg.dsn,
+        redis_url=redis_url,
+        procs=procs,
+    )
+    w.prepare()
+    private_pg.stop("immediate")
+    beat, worker = w.beat("b", lead=None), w.worker("w", wait=False)
+    for proc in (beat, worker):
+        wait_until(partial(tried_to_connect, proc), timeout=READY_TIMEOUT, message="an attempt")
+    private_pg.start()
+
+    w.wait_for(lambda: w.worker_ready(worker), timeout=READY_TIMEOUT, message="worker ready")
+    w.wait_for(
+        lambda: any(r["finished"] for r in w.executions("faults.periodic")),
+        timeout=READY_TIMEOUT,
+        message="a beat slot to run",
+    )
+    assert (True, True) == (beat.alive, worker.alive)
+
+
+FORGET_DIES = """
+CREATE FUNCTION {schema}.forget_dies() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+CREATE TRIGGER forget_dies BEFORE DELETE ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.forget_dies();
+"""
+
+
+def test_a_buffer_one_run_whose_waiting_row_cannot_be_forgotten_gives_its_lock_back(
+    private_pg: EmbeddedPostgres, procs: Procs, redis_url: str
+) -> None:
+    """A buffer_one message granted its lock, whose session forgetting the slot's waiting
+    row is ended: the lock is given back and the message retried; once the sessions live
+    again, its retry runs the slot, which succeeds (2 attempts), and no lock is left."""
+    w = Workload(
+        name="d9",
+        admin_dsn=private_pg.dsn,
+        app_dsn=private_pg.dsn,
+        redis_url=redis_url,
+        procs=procs,
+    )
+    w.prepare()
+    tables = Tables(w.schema, "pglock_")
+    trigger = sql.SQL(FORGET_DIES).format(
+        schema=sql.Identifier(w.schema), table=sql.Identifier(w.schema, "pglock_waiting")
+    )
+    with psycopg.connect(private_pg.dsn, autocommit=True) as conn:
+        ensure_schema(conn, tables, auto_migrate=True)
+        conn.execute(trigger)
+    w.worker("w", concurrency=1)
+    sent = testapp.app.send_task("testapp.buffered_tick", headers={"pglock_slot": SLOT})
+    lock = f"{w.namespace}:testapp.buffered_tick"
+
+    def attempted() -> bool:
+        return sent.state != "PENDING" or bool(w.executions())
+
+    w.wait_for(attempted, timeout=DEADLINE, message="the first attempt")
+    with psycopg.connect(private_pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TRIGGER forget_dies ON {}").format(tables.table("waiting")))
+    w.settle([Sent(sent, lock, SLOT)])
+    [row] = [r for r in w.ledger() if r["lock_name"] == lock]
+
+    assert ("SUCCESS", "succeeded", 2) == (sent.state, row["state"], row["attempts"])
+    assert None is holder_backend(private_pg.dsn, lock)

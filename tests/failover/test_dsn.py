@@ -36,3 +36,25 @@ def test_a_worker_given_only_the_standby_stops_naming_target_session_attrs(
     assert 0 != worker.wait(60)
     assert "target_session_attrs=read-write" in worker.log_text()
     assert "ReadOnlySqlTransaction" not in worker.log_text()  # ours, not the driver's
+
+
+def test_a_worker_started_before_the_replica_is_promoted_waits_for_it(
+    cluster: Cluster, redis_url: str, procs: Procs
+) -> None:
+    """The primary lost, the replica not promoted yet: a worker given the multi-host DSN
+    finds no writable host (an outage, not a misconfiguration), waits, and is ready once
+    the replica is promoted."""
+    env = app_env(pg_dsn=cluster.dsn, schema=SCHEMA, broker_url=redis_url)
+    cluster.primary.stop("immediate")
+    worker = procs.celery(
+        "tests.apps.testapp", "worker", "-P", "solo", "-l", "info", env=env, name="worker"
+    )
+    worker.wait_for_log("is waiting for PostgreSQL", timeout=60)
+
+    cluster.replica.promote()
+
+    worker.wait_for_log(" ready.", timeout=60)
+    assert worker.alive
+    assert "session is read-only" in worker.log_text()  # the reason the WARNINGs gave
+    assert "PostgreSQL answers" in worker.log_text()
+    assert "cannot start" not in worker.log_text()

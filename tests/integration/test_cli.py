@@ -7,6 +7,7 @@ command lines to prove the entry points and exit codes end to end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_pglock import PgLockTask
+from celery_pglock import PgLockTask, controls, waiting
 from celery_pglock.cli.command import pglock
 from celery_pglock.cli.console import cli as console_cli
 from celery_pglock.config import Settings
@@ -28,7 +29,8 @@ from celery_pglock.db import HOSTNAME, Database
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.schema import latest_version
-from tests.fixtures.procs import Procs
+from celery_pglock.testing.embedded import EmbeddedPostgres
+from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
 from tests.integration.test_ops import SLOT, start_holder
 
@@ -141,6 +143,77 @@ def test_status_json_describes_holder_running_row_and_skips(
         (skip["reason"], skip["task_id"], skip["holder_task_id"]) for skip in payload["skips"]
     ]
     assert {"lock", "key", "leader", "standbys"} == set(payload["beat"])
+
+
+OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
+# Fields not always there: a task's when its options are invalid; a waiter's.
+OPTIONAL = {"task": {"error"}, "session": {"waiting_since"}}
+
+
+def documented_fields() -> dict[str, set[str]]:
+    """docs/operations.md's "JSON output": each object's table of fields, by its name."""
+    text = OPERATIONS.read_text().split("### JSON output", 1)[1].split("\n### ", 1)[0]
+    found: dict[str, set[str]] = {}
+    name = ""
+    for line in text.splitlines():
+        if line.startswith("**"):
+            name = line.split("**")[1].strip("`").removesuffix(" --json")
+        elif line.startswith("| `"):
+            found.setdefault(name, set()).add(line.split("`")[1])
+    return found
+
+
+def test_every_field_of_status_and_runs_json_is_documented_once(
+    db: Database, procs: Procs, pg_dsn: str, pglock_schema: str
+) -> None:
+    """status --json and runs --json, with something in every section (a holder and its
+    running row, a skip, a waiting slot, a pause, a rogue send, a watched entry), print
+    exactly the fields docs/operations.md describes."""
+    app = make_app(
+        pg_dsn,
+        pglock_schema,
+        beat_scheduler="celery_pglock.beat:PgLockScheduler",
+        beat_schedule={
+            "nightly": {"task": TASK, "schedule": 60.0, "options": {"pglock_overdue_after": 600}}
+        },
+    )
+    name = task_lock(pglock_schema)
+    start_holder(procs, db.settings.dsn, pglock_schema, name, slot=SLOT, task_id="t-1")
+    acquire(db, claim(name, SLOT, "t-dup"), "session", None)
+    waiter = dataclasses.replace(claim(name, "2026-11-29T18:06:00Z", "t-2"), buffer=True)
+    waiting.decide(db, waiter, waiting.Message(TASK, [], {}, "json", "celery", "celery"))
+    target = controls.Target(db.tables, pglock_schema, "alice")
+    with db.connection() as conn:
+        controls.pause(conn, target, "nightly", "ticket 1")
+        params = {"namespace": pglock_schema, "task_name": TASK, "origin": "gen1@host"}
+        conn.execute(db.tables.query("record_rogue_send"), params)
+
+    status = json.loads(invoke(app, "status", "--json").stdout)
+    [run] = json.loads(invoke(app, "runs", "--json").stdout)[:1]
+    [lock] = [entry for entry in status["locks"] if entry["lock"] == name]
+    printed = {
+        "status": set(status),
+        "lock": set(lock),
+        "session": set(lock["holder"]),
+        "beat": set(status["beat"]),
+        "run": set(run),
+        **{
+            kind: set(status[section][0])
+            for kind, section in (
+                ("running", "running"),
+                ("skip", "skips"),
+                ("waiting", "waiting"),
+                ("freshness", "freshness"),
+                ("pause", "paused"),
+                ("rogue send", "rogue_sends"),
+                ("task", "tasks"),
+            )
+        },
+    }
+
+    documented = documented_fields()
+    assert set(printed) == set(documented)
+    assert {kind: documented[kind] - OPTIONAL.get(kind, set()) for kind in printed} == printed
 
 
 def test_status_table_shows_lock_host_task_and_health(
@@ -334,6 +407,21 @@ def test_unreachable_database_exits_3_without_the_password(args: tuple[str, ...]
     assert "" == result.stdout
 
 
+@pytest.mark.parametrize("args", COMMANDS.values(), ids=COMMANDS.keys())
+def test_a_misconfigured_database_exits_2_naming_the_fix(
+    pg_dsn: str, args: tuple[str, ...]
+) -> None:
+    """An unknown database is not an outage: every command exits 2 at once, naming the
+    fix, without waiting."""
+    dsn = pg_dsn.rsplit("/", 1)[0] + "/no_such_db"
+
+    result = invoke(make_app(dsn, "public"), *args)
+
+    assert 2 == result.exit_code, result.output
+    assert "check the database name in pglock_dsn" in result.stderr
+    assert "waiting for PostgreSQL" not in result.output
+
+
 def test_missing_dsn_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without pglock_dsn (or PGLOCK_DSN) the command exits 2 naming the setting."""
     monkeypatch.delenv("PGLOCK_DSN", raising=False)
@@ -390,6 +478,57 @@ def test_celery_command_line_exit_code_when_database_is_down(tmp_path: Path) -> 
 
     assert 3 == done.returncode, done.stderr
     assert PASSWORD not in done.stdout + done.stderr
+
+
+SCHEDULED_APP_MODULE = (
+    APP_MODULE
+    + """
+app.conf.beat_scheduler = "celery_pglock.beat:PgLockScheduler"
+app.conf.beat_schedule = {{"tick": {{"task": "realcli.job", "schedule": 60.0}}}}
+"""
+)
+
+
+def test_a_long_running_command_waits_for_postgresql_then_runs(
+    tmp_path: Path, private_pg: EmbeddedPostgres
+) -> None:
+    """`pglock rerun` started while PostgreSQL is stopped waits for it (WARNINGs on stderr,
+    the next delay in each), then does its work once it answers (here: the slot never
+    succeeded, exit 1), where `status` fails at once (exit 3)."""
+    (tmp_path / "realcli.py").write_text(
+        SCHEDULED_APP_MODULE.format(dsn=private_pg.dsn, schema="public")
+    )
+    argv = [sys.executable, "-m", "celery", "-A", "realcli", "pglock"]
+    subprocess.run([*argv, "migrate"], cwd=tmp_path, capture_output=True, timeout=60, check=True)
+    private_pg.stop()
+    short = subprocess.run(
+        [*argv, "status"], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    stderr = tmp_path / "rerun.err"
+    with stderr.open("w") as err:
+        rerun = subprocess.Popen(
+            [*argv, "rerun", "tick", "2026-11-29T18:05:00Z", "--reason", "test"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_until(
+            lambda: stderr.read_text().count("waiting for PostgreSQL") >= 2,
+            timeout=60,
+            message="two failed attempts",
+        )
+        private_pg.start()
+        status = rerun.wait(timeout=60)
+    finally:
+        rerun.kill()
+        rerun.wait()
+    said = stderr.read_text()
+
+    assert (3, 1) == (short.returncode, status), said
+    assert "pglock rerun) is waiting for PostgreSQL: attempt 1 failed, next in 1 s" in said
+    assert "PostgreSQL answers" in said
+    assert "has not succeeded: nothing to run again" in said
 
 
 def test_standalone_command_offers_demo() -> None:

@@ -123,6 +123,9 @@ class SimulatedScheduler(PgLockScheduler):
     def _load_state(self) -> None:
         """No database to read at start-up."""
 
+    def _start_once(self) -> None:
+        """No database to reach at start-up."""
+
     def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return self.store.query(name, params)
 

@@ -138,3 +138,37 @@ def test_settings_are_read_in_one_place() -> None:
     ]
 
     assert [] == found
+
+
+DSN = "postgresql://app@db/app"
+
+
+def test_start_up_waits_for_postgresql_for_ever_by_default() -> None:
+    """pglock_connection_retry_on_startup is on and pglock_connection_max_retries unset."""
+    found = Settings.from_conf({"pglock_dsn": DSN})
+
+    assert (True, None) == (found.retry_on_startup, found.max_retries)
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, None), (0, None), (3, 3)])
+def test_max_retries_zero_means_for_ever_as_in_celery(given: int | None, expected: int) -> None:
+    """None or 0 (Celery's broker_connection_max_retries meaning): no limit; N: N."""
+    conf = {"pglock_dsn": DSN, "pglock_connection_max_retries": given}
+
+    assert expected == Settings.from_conf(conf).max_retries
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("pglock_connection_retry_on_startup", "yes"),
+        ("pglock_connection_retry_on_startup", 1),
+        ("pglock_connection_max_retries", -1),
+        ("pglock_connection_max_retries", 2.5),
+        ("pglock_connection_max_retries", True),
+    ],
+)
+def test_bad_start_up_retry_settings_are_refused_by_name(name: str, value: object) -> None:
+    """A non-bool retry_on_startup or a max_retries that is not an int >= 0 is refused."""
+    with pytest.raises(ConfigurationError, match=name):
+        Settings.from_conf({"pglock_dsn": DSN, name: value})

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_pglock import ConfigurationError
-from celery_pglock.beat.freshness import evaluate
+from celery_pglock import ConfigurationError, signals
+from celery_pglock.beat.freshness import FreshnessWatch, evaluate
 from celery_pglock.beat.settings import BeatSettings
 
 NOW = datetime(2026, 12, 1, 3, 30, tzinfo=timezone.utc)
@@ -71,3 +74,76 @@ def test_an_entry_with_an_invalid_deadline_fails_at_start_up_naming_it() -> None
 
     with pytest.raises(ConfigurationError, match=r"beat_schedule\['nightly'\]\.options"):
         BeatSettings.from_app(app)
+
+
+# -- when the leader looks ------------------------------------------------------------------
+
+FAILING = "2026-12-01T03:30:00Z"  # NOW: the slot fell due and keeps failing
+
+
+class Ledger:
+    """The leader's look on a made-up ledger (an entry whose slot FAILING is pending) and
+    a clock the test moves, as beat's ticks would."""
+
+    def __init__(self, overdue_after: float) -> None:
+        app = Celery("freshness", set_as_current=False)
+        app.conf.pglock_dsn = "postgresql://127.0.0.1/x"
+        self.entry = SimpleNamespace(
+            name="billing", options={"pglock_overdue_after": overdue_after}
+        )
+        self.settings = BeatSettings.from_app(app)
+        self.looks = 0
+        self.clock = 100.0
+        self.now = NOW
+        self.watch = FreshnessWatch(self.settings, self.query, self, clock=lambda: self.clock)
+
+    def query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        self.looks += 1
+        return [row("billing", FAILING)]
+
+    def tick(self, after: float) -> None:
+        """``after`` seconds later, a tick of the leader."""
+        self.clock += after
+        self.now += timedelta(seconds=after)
+        self.watch.maybe_check([self.entry], lambda e: "ns:billing", self.now)
+
+
+def test_a_tick_a_few_ms_under_a_second_after_the_last_look_still_looks() -> None:
+    """Beat wakes on the second give or take a few ms: no tick skips its look."""
+    ledger = Ledger(overdue_after=600)
+
+    for after in (0.2, 0.995, 0.996, 1.002):
+        ledger.tick(after)
+
+    assert 4 == ledger.looks
+
+
+def test_the_overdue_alert_comes_at_the_deadline_not_a_tick_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 2.5-s deadline: beat wakes for it (wake_in) and that look reports the slot, a
+    few ms past the deadline (overdue_seconds), once; the WARNING says 2.5 s, not 2 s."""
+    ledger = Ledger(overdue_after=2.5)
+    fired: list[float] = []
+
+    def overdue(overdue_seconds: float, **_: Any) -> None:
+        fired.append(overdue_seconds)
+
+    signals.task_overdue.connect(overdue, weak=False)
+    # The logger's own level: an app an earlier test configured may have set the root's
+    # to ERROR.
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_pglock.beat"):
+            ledger.tick(0.3)  # the first look after the slot fell due: pending, not overdue
+            ledger.tick(ledger.watch.wake_in())
+            ledger.tick(1.0)
+    finally:
+        signals.task_overdue.disconnect(overdue)
+
+    assert 1 == len(fired)
+    assert 0 < fired[0] < 0.1
+    # (by its action: a pool thread of an earlier test may log a WARNING meanwhile)
+    said = [r for r in caplog.records if getattr(r, "action", None) == "pglock_entry_overdue"]
+    [warning] = [r.getMessage() for r in said]
+    assert "(pglock_overdue_after 2.5 s;" in warning
+    assert "s past its deadline" in warning
