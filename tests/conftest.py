@@ -5,6 +5,7 @@ pytest_plugins = (
     "tests.fixtures.pg",
     "tests.fixtures.procs",
     "tests.fixtures.proxy",
+    "tests.fixtures.measurements",
 )
 
 # A user's project with a test suite of its own, run in a subprocess by
