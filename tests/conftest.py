@@ -6,6 +6,7 @@ pytest_plugins = (
     "tests.fixtures.procs",
     "tests.fixtures.proxy",
     "tests.fixtures.measurements",
+    "tests.fixtures.sharing",
 )
 
 # A user's project with a test suite of its own, run in a subprocess by
