@@ -84,8 +84,9 @@ VERSION := $(shell sed -nE 's/^version = "([^"]+)"/\1/p' pyproject.toml)
 LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg|psycopg-pool)>=([0-9.]+)",.*/\1==\2/p' pyproject.toml)
 # psycopg[binary]==3.2.0 asks for an unpublished psycopg-binary: pin the binary directly.
 LOWEST_BINARY := $(patsubst psycopg==%,psycopg-binary==%,$(filter psycopg==%,$(LOWEST)))
-# What tests/unit imports besides the package (none of the dev-only extras).
-UNIT_DEPS := pytest pytest-timeout redis pyyaml rich sqlalchemy ephem
+# What tests/unit imports besides the package (none of the dev-only extras); pytest-xdist
+# because pyproject's addopts name --dist and tests/fixtures/sharing.py schedules with it.
+UNIT_DEPS := pytest pytest-timeout pytest-xdist redis pyyaml rich sqlalchemy ephem
 VERSIONS := from importlib.metadata import version; \
 	print(*(f"{n} {version(n)}" for n in ("celery", "kombu", "psycopg", "psycopg-pool", "redis")), sep=", ")
 INSTALLED := import sys, celery_pglock; f = celery_pglock.__file__; print("celery_pglock:", f); \
