@@ -43,7 +43,6 @@ from tests.apps import testapp
 from tests.apps.harness import app_env
 from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import STOP_TIMEOUT, Proc, Procs, wait_until
-from tests.fixtures.services import xdist_worker
 
 T = TypeVar("T")
 
@@ -247,7 +246,6 @@ class BeatLab:
         self.root = root
         self.scenarios: dict[str, Scenario] = {}
         self.unavailable: dict[str, BaseException] = {}
-        self.planned = scenarios_of(request.session)  # name -> how many tests use it
 
     def start_all(self, names: dict[str, int]) -> None:
         """Start the named scenarios (name -> how many tests use it).
@@ -277,8 +275,8 @@ class BeatLab:
     def get(self, name: str) -> Scenario:
         if name in self.unavailable:
             raise self.unavailable[name]
-        if name not in self.scenarios:  # under xdist: its group's first test is here
-            self.start_all({name: self.planned.get(name, 1)})
+        if name not in self.scenarios:  # a test not seen at collection (e.g. rerun)
+            self.start_all({name: 1})
         return self.scenarios[name]
 
     def finished(self, scenario: Scenario) -> None:
@@ -431,12 +429,11 @@ def scenarios_of(session: pytest.Session) -> dict[str, int]:
 def beat_lab(
     request: pytest.FixtureRequest, pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BeatLab]:
-    """Every scenario the selected tests use, started together; under pytest-xdist each on
-    first use, in the one worker that runs its tests (``tests/fixtures/sharing.py``)."""
+    """Every scenario the selected tests use, started together (under pytest-xdist, in the
+    one worker that runs them all: ``tests/fixtures/sharing.py``)."""
     lab = BeatLab(request, pg_dsn, tmp_path_factory.mktemp("beat"))
     try:
-        if xdist_worker() is None:  # a worker sees every test, but runs only its groups'
-            lab.start_all(lab.planned)
+        lab.start_all(scenarios_of(request.session))
         yield lab
     finally:
         lab.close()
