@@ -328,7 +328,8 @@ class BeatLab:
                     "worker",
                     "--pool=solo",
                     "--loglevel=INFO",
-                    f"--hostname=w{n}-{scenario.name}@%h",
+                    # Unique: on RabbitMQ each node name's pidbox queue is exclusive.
+                    f"--hostname=w{n}-{scenario.namespace}@%h",
                     "--without-mingle",
                     "--without-gossip",
                     "--without-heartbeat",
