@@ -1,5 +1,11 @@
 """Test-suite wiring: fixtures live in plugin modules under ``tests/fixtures``."""
 
+import pytest
+
+# The fault tier's promises are asserted in its shared Invariants class: show what broke
+# (the unresolved slots, the crashed processes) rather than a bare AssertionError.
+pytest.register_assert_rewrite("tests.faults.workload")
+
 pytest_plugins = (
     "tests.fixtures.services",
     "tests.fixtures.pg",
