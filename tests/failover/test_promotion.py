@@ -28,7 +28,10 @@ from tests.failover.conftest import Cluster
 from tests.faults.workload import MEASUREMENTS, Report, Workload
 from tests.fixtures.procs import Procs
 
-pytestmark = pytest.mark.failover
+# Run alone (serial): runs in flight across a promotion, whose timing other tests' load
+# distorts (beside them a run's outcome, waiting for PostgreSQL, once met the promoting
+# replica's closed connection and failed).
+pytestmark = [pytest.mark.failover, pytest.mark.serial]
 
 SLOT = "2026-12-01T03:00:00Z"
 BEAT_LEASE = "3"

@@ -3,21 +3,16 @@
 A run injects several faults into one set of processes (starting processes costs more
 than most faults), then stops them and checks the promises once; each test of the module
 asserts one behaviour of that run. Recovery times measured by the runs are printed at the
-end of the session (and written as JSON to ``$PGLOCK_FAULTS_REPORT`` when set).
+end of the session (``tests/fixtures/measurements.py``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Generator, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from tests.faults.workload import MEASUREMENTS
 from tests.fixtures.pg import started_embedded
 from tests.fixtures.procs import Procs
 
@@ -55,15 +50,3 @@ def pytest_runtest_makereport(
             if name != "procs" and isinstance(procs, Procs) and procs.started:
                 report.sections.append((f"logs of {name}", procs.log_report()))
     return report
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the recovery times the runs measured."""
-    if not MEASUREMENTS:
-        return
-    terminalreporter.section("fault recovery times (seconds)")
-    for label, seconds in sorted(MEASUREMENTS.items()):
-        terminalreporter.write_line(f"{seconds:8.3f}  {label}")
-    target = os.environ.get("PGLOCK_FAULTS_REPORT")
-    if target:
-        Path(target).write_text(json.dumps(MEASUREMENTS, indent=2, sort_keys=True))

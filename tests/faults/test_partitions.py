@@ -21,7 +21,9 @@ from tests.faults.workload import HOSTNAME, MEASUREMENTS, Invariants, Run, Sent,
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.fixtures.proxy import ProxyFactory, TcpProxy
 
-pytestmark = pytest.mark.faults
+# Run alone (serial): partitions timed against 2-s leases; recovery times measured alone, which
+# other tests' load would distort.
+pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 SLOT = "2026-11-29T18:05:00Z"
 LEASE = 2.0  # seconds: task and beat lease

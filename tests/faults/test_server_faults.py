@@ -21,7 +21,9 @@ from tests.apps import testapp
 from tests.faults.workload import Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 
-pytestmark = pytest.mark.faults
+# Run alone (serial): restarts and idle timeouts timed against heartbeats; recovery times measured
+# alone, which other tests' load would distort.
+pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 SLOT = "2026-11-29T18:05:00Z"
 OUTAGE = 2.5  # seconds the server stays down: longer than the 1-s slot interval

@@ -22,7 +22,9 @@ from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS, Invariants, Report, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until
 
-pytestmark = pytest.mark.faults
+# Run alone (serial): its memory bound (RSS growth) and throughput are measured alone, which other
+# tests' load would distort.
+pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 TASKS = int(os.environ.get("PGLOCK_SOAK_TASKS", "1000"))
 DUPLICATES = 0.3

@@ -19,7 +19,9 @@ from celery_pglock import lock_key
 from tests.apps.harness import app_env
 from tests.fixtures.procs import Procs, wait_until
 
-pytestmark = pytest.mark.faults
+# Run alone (serial): asserts a latency bound (a dead waiter's backend gone within GONE_WITHIN),
+# which other tests' load would distort.
+pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 # Standbys killed in a row: 8 in `make test` (each starts a beat, about 2 s);
 # PGLOCK_STANDBY_ROUNDS=50 for a longer look.

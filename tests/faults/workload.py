@@ -41,6 +41,7 @@ from psycopg.rows import dict_row
 from celery_pglock.keys import lock_key, split_key
 from tests.apps import testapp
 from tests.apps.harness import app_env, configure_client, redis_result_backend
+from tests.fixtures.measurements import MEASUREMENTS
 from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import STOP_TIMEOUT, Proc, Procs, wait_until
 
@@ -55,9 +56,6 @@ FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "SKIPPED"})
 # "celery-pglock <pid>@host" (pooled), "celery-pglock beat leader|standby <pid>@host",
 # "pglock <pid> <task id> <host>" (a holder).
 _OUR_SESSION = re.compile(r"^(?:celery-pglock(?: beat \w+)? (\d+)@|pglock (\d+) )")
-
-#: label -> seconds, for every recovery measured in this session (printed at the end).
-MEASUREMENTS: dict[str, float] = {}
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SLOT = "2026-11-29T18:05:00Z"
-TICK_FOR = 3.5  # seconds of beat ticking: at least three 1-s slots
+SENT_SLOTS = 3  # 1-s slots the replicas tick through side by side
+TICK_DEADLINE = 15.0  # seconds; three slots take about three
 
 
 @contextlib.contextmanager
@@ -49,13 +49,16 @@ def example(name: str, env: dict[str, str], *packages: str) -> Iterator[None]:
                 del sys.modules[module]
 
 
-def tick_replicas(schedulers: list[Any], seconds: float) -> None:
-    """Tick every replica, as their ``celery beat`` loops would, for ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+def tick_replicas(schedulers: list[Any], sent: Callable[[], list[Any]]) -> None:
+    """Tick every replica, as their ``celery beat`` loops would, until ``sent()`` lists
+    ``SENT_SLOTS`` slots."""
+
+    def ticked() -> bool:
         for scheduler in schedulers:
             scheduler.tick()
-        time.sleep(0.05)
+        return len(sent()) >= SENT_SLOTS
+
+    wait_until(ticked, timeout=TICK_DEADLINE, message=f"{SENT_SLOTS} slots sent")
 
 
 def beat_sends(dsn: str, schema: str, entry: str) -> list[tuple[str, int]]:
@@ -124,7 +127,7 @@ def test_plain_example_beat_replicas_send_each_slot_once(
     app.conf.beat_schedule = {"send-reminders": every_second}
     replicas = [PgLockScheduler(app=app), PgLockScheduler(app=app)]
     try:
-        tick_replicas(replicas, TICK_FOR)
+        tick_replicas(replicas, lambda: beat_sends(pg_dsn, schema, "send-reminders"))
     finally:
         for replica in replicas:
             replica.close()
@@ -214,7 +217,7 @@ def test_django_example_runs_each_periodic_task_slot_once(
     with start_worker(app, pool="solo", perform_ping_check=False):
         replicas = [scheduler(app=app), scheduler(app=app)]
         try:
-            tick_replicas(replicas, TICK_FOR)
+            tick_replicas(replicas, lambda: beat_sends(dsn, "public", "rollup"))
         finally:
             for replica in replicas:
                 replica.close()

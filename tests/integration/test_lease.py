@@ -37,7 +37,9 @@ from tests.integration.locking import (
     the_run,
 )
 
-pytestmark = pytest.mark.integration
+# Run alone (serial): leases of a second or two, bounds of lease + 1 s, heartbeat CPU time, which
+# other tests' load would distort.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SLOT = "2026-11-29T18:05:00Z"
 
