@@ -242,7 +242,14 @@ class Database:
                 extra={"action": "pglock_lease_unavailable"},
             )
         if self.keep_connections:
-            self.pool.open(wait=False)
+            # Wait for the pool's first connection: a task asking for one while the pool
+            # still fills would make it open a second, kept for good (a prefork child opens
+            # its pool at its first task when it was forked before the start-up check).
+            try:
+                self.pool.open(wait=True, timeout=self.settings.connect_timeout)
+            except PoolTimeout:
+                self.pool.close()  # not kept (database() caches no failed one): no thread left
+                raise self._no_connection() from None
 
     def getconn(self) -> Connection:
         """A connection for one locked execution; give it back with ``putconn``."""
