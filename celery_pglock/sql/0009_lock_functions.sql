@@ -46,7 +46,11 @@ BEGIN
         key := CASE WHEN got THEN lock_keys[1] END;
     END IF;
     acquired := key IS NOT NULL;
-    IF acquired THEN  -- one statement: each one a function runs costs it a round of the executor
+    IF acquired THEN
+        -- Labelled at once: a message skipped meanwhile names this holder from the label
+        -- before the holder row below is committed.
+        armed := {label_session}(label);
+        -- One statement: each one a function runs costs it a round of the executor.
         INSERT INTO {holders} AS h (lock_key, lock_name, slot, task_id, host, pid, backend_pid,
                                     token, concurrency)
         VALUES (key, holder_lock_name, holder_slot, holder_task_id, holder_host, holder_pid,
@@ -56,8 +60,7 @@ BEGIN
                 task_id = EXCLUDED.task_id, host = EXCLUDED.host, pid = EXCLUDED.pid,
                 backend_pid = EXCLUDED.backend_pid, token = EXCLUDED.token, since = now(),
                 concurrency = EXCLUDED.concurrency
-        RETURNING h.token, {label_session}(label), {set_lease}(lease_ms, xact)
-             INTO token, label, armed;
+        RETURNING h.token, {set_lease}(lease_ms, xact) INTO token, armed;
     END IF;
 END
 $$;
