@@ -13,6 +13,7 @@ pytest_plugins = (
     "tests.fixtures.proxy",
     "tests.fixtures.measurements",
     "tests.fixtures.sharing",
+    "tests.fixtures.logging_state",
 )
 
 # A user's project with a test suite of its own, run in a subprocess by
