@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import Ignore
 from psycopg.rows import dict_row
 
+from celery_pglock import SKIPPED, turns
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
 from celery_pglock.ledger import SUCCEEDED
@@ -240,3 +242,43 @@ def test_a_slot_that_replaces_another_starts_its_own_count_of_sends(
     [row] = waiting_rows(pg_conn, db)
     assert (SLOTS[2], 0) == (row["slot"], row["sends"])
     release(db, holder, SUCCEEDED)
+
+
+@pytest.mark.xfail(strict=True, reason="D10: a waiting slot's WAITING lands after its SKIPPED")
+def test_a_slot_replaced_before_it_said_it_waits_ends_skipped(
+    db: Database, pglock_schema: str
+) -> None:
+    """D10 (chaos, seed 7): slot 1 decides to wait, slot 2 replaces it 12 ms later and
+    marks it ``SKIPPED``, and only then does slot 1's ``WAITING`` reach the result
+    backend: slot 1's result must end ``SKIPPED`` (``superseded``), not ``WAITING`` for
+    good."""
+    app = Celery("d10", broker="memory://", backend="cache+memory://", set_as_current=False)
+
+    @app.task(name="tests.d10", shared=False)
+    def task() -> None: ...
+
+    name = f"{pglock_schema}:d10"
+    holder = holding(arrive(db, claim(name, SLOTS[0])))
+    first = dataclasses.replace(buffered(name, SLOTS[1]), task_id="t-first")
+    second = dataclasses.replace(buffered(name, SLOTS[2]), task_id="t-second")
+    waits = wait_turn(db, first).outcome
+    assert isinstance(waits, Waiting)
+    replaced = wait_turn(db, second).replaced
+    assert ("t-first" == replaced[1]) if replaced else False
+    task.push_request(id="t-second")
+    try:
+        turns.report_replaced(task, replaced, second)  # what slot 2's message does
+    finally:
+        task.pop_request()
+
+    task.push_request(id="t-first")
+    try:
+        with pytest.raises(Ignore):
+            turns.report_waiting(task, waits)  # slot 1's message, late
+    finally:
+        task.pop_request()
+    release(db, holder, SUCCEEDED)
+
+    result = app.AsyncResult("t-first")
+    assert (SKIPPED, "superseded") == (result.state, result.info["reason"])
+    app.close()
