@@ -166,7 +166,7 @@ class PgLockMixin:
             return self._pglock_run(db, outcome, args, kwargs)
         if isinstance(outcome, Skip):
             self._pglock_report_skip(outcome, own_copy=turns.own_copy(self, claim, outcome))
-        return turns.report_waiting(self, outcome)
+        return turns.report_waiting(self, db, claim, outcome)
 
     def _pglock_claim(
         self, options: TaskOptions, slot: str | None, entry: str | None, call: tuple[Any, Any]

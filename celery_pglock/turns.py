@@ -145,9 +145,19 @@ def report_replaced(task: Any, replaced: tuple[str, str] | None, claim: Claim) -
     )
 
 
-def report_waiting(task: Any, turn: waiting.Waiting) -> NoReturn:
-    """The message waits its turn: state ``WAITING``, one INFO line, and acked (``Ignore``)."""
+def report_waiting(task: Any, db: Database, claim: Claim, turn: waiting.Waiting) -> NoReturn:
+    """The message waits its turn: state ``WAITING``, one INFO line, and acked (``Ignore``).
+    A newer slot may have replaced it meanwhile and said so (``SKIPPED``) before this
+    ``WAITING`` landed: then it says ``SKIPPED`` again, last."""
     task.update_state(state=WAITING, meta=turn.meta())
+    try:
+        by = waiting.replaced_meanwhile(db, claim)
+    except DatabaseUnavailable:  # the replacer's SKIPPED stands, unless it came first
+        by = None
+    if by is not None:
+        replaced = (turn.slot, task.request.id)
+        task.update_state(state=SKIPPED, meta=waiting.superseded_by(claim.lock_name, replaced, by))
+        raise Ignore()
     holder = turn.holder or {}
     logger.info(
         "%s[%s] waits its turn: lock %r is held (holder %s); slot %s runs when it is freed",

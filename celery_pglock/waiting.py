@@ -172,6 +172,14 @@ def forget(db: Database, claim: Claim) -> bool:
         return conn.execute(db.tables.query("forget_waiting"), params).fetchone() is not None
 
 
+def replaced_meanwhile(db: Database, claim: Claim) -> str | None:
+    """The task id of the message that replaced ``claim``'s waiting slot, if one did."""
+    params = {"lock_name": claim.lock_name, "slot": claim.slot, "task_id": claim.task_id}
+    with db.connection() as conn:
+        row = conn.execute(db.tables.query("replaced_meanwhile"), params).fetchone()
+    return None if row is None else str(row[0])
+
+
 def send_next(db: Database, app: Any, lock_name: str) -> None:
     """The lock was freed: send its waiting slot's message, if a slot waits."""
     params = {"lock_name": lock_name, "resend_after": RESEND_AFTER}
@@ -243,10 +251,19 @@ def superseded_meta(lock: str, replaced: tuple[str, str], by: Claim) -> dict[str
     """The ``SKIPPED`` meta of the waiting slot ``replaced`` (slot, task id), replaced by
     the message of ``by``."""
     return {
+        **superseded_by(lock, replaced, by.task_id),
+        "holder": {"task_id": by.task_id, "slot": by.slot},
+    }
+
+
+def superseded_by(lock: str, replaced: tuple[str, str], task_id: str | None) -> dict[str, Any]:
+    """The ``SKIPPED`` meta of the waiting slot ``replaced`` (slot, task id), replaced by
+    message ``task_id`` (its slot unknown here)."""
+    return {
         "reason": "superseded",
         "lock": lock,
         "slot": replaced[0],
-        "holder": {"task_id": by.task_id, "slot": by.slot},
+        "holder": {"task_id": task_id},
         "token": None,
     }
 
@@ -258,7 +275,9 @@ __all__ = [
     "Waiting",
     "decide",
     "forget",
+    "replaced_meanwhile",
     "send_next",
+    "superseded_by",
     "superseded_meta",
     "sweep",
     "take_turn",

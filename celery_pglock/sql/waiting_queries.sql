@@ -101,6 +101,15 @@ UPDATE {waiting}
 RETURNING task_id, task_name, slot, body, content_type, content_encoding, headers,
           exchange, routing_key;
 
+-- name: replaced_meanwhile
+-- A message that just said it waits: did a newer slot replace it meanwhile (the skip row
+-- the replacer wrote for it), and which message was that?
+SELECT holder_task_id FROM {skips}
+ WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND task_id = %(task_id)s
+   AND reason = 'superseded'
+ ORDER BY at DESC
+ LIMIT 1;
+
 -- name: forget_waiting
 -- The waiting slot's message started (or was skipped): it waits no more.
 DELETE FROM {waiting} WHERE lock_name = %(lock_name)s AND slot = %(slot)s RETURNING task_id;

@@ -244,7 +244,6 @@ def test_a_slot_that_replaces_another_starts_its_own_count_of_sends(
     release(db, holder, SUCCEEDED)
 
 
-@pytest.mark.xfail(strict=True, reason="D10: a waiting slot's WAITING lands after its SKIPPED")
 def test_a_slot_replaced_before_it_said_it_waits_ends_skipped(
     db: Database, pglock_schema: str
 ) -> None:
@@ -274,7 +273,7 @@ def test_a_slot_replaced_before_it_said_it_waits_ends_skipped(
     task.push_request(id="t-first")
     try:
         with pytest.raises(Ignore):
-            turns.report_waiting(task, waits)  # slot 1's message, late
+            turns.report_waiting(task, db, first, waits)  # slot 1's message, late
     finally:
         task.pop_request()
     release(db, holder, SUCCEEDED)
