@@ -11,33 +11,39 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 from psycopg import waiting
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_pglock import unwaited
-from celery_pglock.config import Settings, redact
-from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
+from celery_pglock.config import Settings
+from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.failover import Recall
+from celery_pglock.failures import boundary
 from celery_pglock.migrations import ensure_schema
-from celery_pglock.outage import misconfiguration
 from celery_pglock.parking import Parking
+from celery_pglock.schema import statement
+from celery_pglock.sessions import (
+    FIX_SCOPE,
+    LEASE_MIN_SERVER_VERSION,
+    Connection,
+    check_writable,
+    connect,
+    connect_kwargs,
+    pooler_message,
+    show_setting,
+    transaction_pooled,
+    watch_client,
+)
 
 logger = logging.getLogger("celery_pglock")
 
-Connection = psycopg.Connection[Any]
-
 IDLE = psycopg.pq.TransactionStatus.IDLE
 IDLE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
-TCP_USER_TIMEOUT_MS = 30_000
-LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14
-HOSTNAME = socket.gethostname()
 
 DEFAULT_POOL_SIZE = 4  # pglock_pool_size "auto" where tasks do not run as threads/greenlets
 
@@ -51,81 +57,16 @@ _worker_pool_size: int | None = None
 _serving = False  # see serve_tasks
 
 
-def application_name(role: str = "") -> str:
-    """What ``pg_stat_activity`` shows for our connections (PostgreSQL keeps 63 bytes)."""
-    name = f"celery-pglock{role} {os.getpid()}@{HOSTNAME}"
-    return name.encode()[:63].decode("utf-8", "ignore")
-
-
-def connect_kwargs(settings: Settings) -> dict[str, Any]:
-    """libpq options for every connection: fail fast, detect dead peers."""
-    timeout = max(1, round(settings.connect_timeout))
-    return {
-        "autocommit": True,
-        "connect_timeout": timeout,
-        "keepalives": 1,
-        "keepalives_idle": 10,
-        "keepalives_interval": 3,
-        "keepalives_count": 3,
-        # A send to a partitioned server fails after this instead of TCP's ~15 minutes.
-        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
-        "application_name": application_name(),
-    }
-
-
-def translate_error(exc: BaseException, settings: Settings) -> DatabaseUnavailable:
-    """A ``DatabaseUnavailable`` naming the server (never the password) and the cause: an
-    outage, or a ``DatabaseMisconfigured`` that names the fix (``outage.misconfiguration``)."""
-    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
-        return read_only(settings)
-    cause = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-    where = f"cannot use PostgreSQL at {redact(settings.dsn)!r}: {cause}."
-    fix = misconfiguration(exc)
-    if fix is not None:
-        return DatabaseMisconfigured(f"{where} To fix: {fix}.")
-    return DatabaseUnavailable(
-        f"{where} Check pglock_dsn (or PGLOCK_DSN), that the server is running and that "
-        "this host may connect."
-    )
-
-
-@contextmanager
-def translated(settings: Settings) -> Iterator[None]:
-    """Driver errors raised inside become ``translate_error``'s."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate_error(exc, settings) from None
-
-
 def check_server(settings: Settings) -> bool:
     """What a worker or beat checks as it starts: the server takes writes and has our
     tables (created when allowed); whether a transaction pooler stands in between.
 
     Raises ``DatabaseUnavailable`` for an outage, a ``ConfigurationError`` for what to fix.
     """
-    with connect(settings) as conn, translated(settings):
+    with connect(settings) as conn, boundary(settings):
         check_writable(conn, settings)
         ensure_schema(conn, settings.tables, auto_migrate=settings.auto_migrate)
         return transaction_pooled(conn, settings)
-
-
-def read_only(settings: Settings) -> DatabaseMisconfigured:
-    """The server ``settings`` reached takes no writes: a standby, or a primary demoted."""
-    return DatabaseMisconfigured(
-        f"PostgreSQL at {redact(settings.dsn)!r} is read-only (a standby, a primary demoted by "
-        "a failover, or default_transaction_read_only): celery-pglock writes its ledger on "
-        "the primary. Point pglock_dsn at the primary, or list every host and add "
-        "target_session_attrs=read-write (postgresql://h1:5432,h2:5432/db?"
-        "target_session_attrs=read-write): libpq then connects to the writable one."
-    )
-
-
-def check_writable(conn: Connection, settings: Settings) -> None:
-    """Raise ``read_only`` unless ``conn``'s server takes writes."""
-    row = conn.execute(SHOW_SETTING_SQL, {"name": "transaction_read_only"}).fetchone()
-    if row and row[0] == "on":
-        raise read_only(settings)
 
 
 def pool_size(settings: Settings) -> int:
@@ -179,14 +120,6 @@ def waits_block_greenlets() -> bool:
     return getattr(waiting.wait, "__name__", "") == "wait_c"
 
 
-def connect(settings: Settings, **overrides: Any) -> Connection:
-    """A new, unpooled connection (CLI, beat leader, start-up checks)."""
-    try:
-        return psycopg.connect(settings.dsn, **{**connect_kwargs(settings), **overrides})
-    except psycopg.Error as exc:
-        raise translate_error(exc, settings) from None
-
-
 class Database:
     """This process's pool for one ``Settings``, plus what we learned about the server.
 
@@ -228,7 +161,7 @@ class Database:
 
     def open(self) -> None:
         """Open the pool and make sure the schema exists; raise a clear error if we cannot."""
-        with connect(self.settings) as conn, translated(self.settings):
+        with connect(self.settings) as conn, boundary(self.settings):
             check_writable(conn, self.settings)
             self._learn_server(conn)
             self.ensure_schema(conn)
@@ -268,10 +201,11 @@ class Database:
     def _connect_once(self) -> Connection:
         conn = connect(self.settings)
         try:
-            self._configure(conn)
-        except psycopg.Error as exc:
+            with boundary(self.settings):
+                self._configure(conn)
+        except DatabaseUnavailable:
             conn.close()
-            raise translate_error(exc, self.settings) from None
+            raise
         return conn
 
     def _no_connection(self) -> DatabaseUnavailable:
@@ -314,10 +248,10 @@ class Database:
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A connection for plain statements (no locks, autocommit), given back afterwards;
-        driver errors raised inside become ``translate_error``'s."""
+        driver errors raised inside become the library's (``failures``)."""
         conn = self.getconn()
         try:
-            with translated(self.settings):  # a task retries DatabaseUnavailable
+            with boundary(self.settings):  # a task retries DatabaseUnavailable
                 if not conn.autocommit:  # a transaction-scope run gave it back idle
                     conn.autocommit = True
                 yield conn
@@ -363,8 +297,7 @@ class Database:
         for name in self.idle_defaults:
             if name == "idle_session_timeout" and not self.lease_supported:
                 continue
-            row = conn.execute(SHOW_SETTING_SQL, {"name": name}).fetchone()
-            self.idle_defaults[name] = row[0] if row else "0"
+            self.idle_defaults[name] = show_setting(conn, name) or "0"
 
     def _reset(self, conn: Connection) -> None:
         # The release statement already unlocked and disarmed the lease; only a connection
@@ -374,69 +307,10 @@ class Database:
             if conn.info.transaction_status != IDLE:
                 conn.rollback()
             conn.autocommit = True  # else the reset opens a transaction
-            conn.execute(RESET_SQL if self.lease_supported else RESET_SQL_PRE14)
+            reset = "reset_connection" if self.lease_supported else "reset_connection_pre14"
+            conn.execute(statement(reset))
         except psycopg.Error:
             conn.close()
-
-
-# RESET application_name: back to the pooled name, not a holder's ("pglock <pid> <task>")
-# that a skipped slot's grant set and no release statement put back.
-RESET_SQL = (
-    "SELECT pg_advisory_unlock_all(); "
-    "SET idle_in_transaction_session_timeout = DEFAULT; "
-    "SET idle_session_timeout = DEFAULT; RESET application_name"
-)
-RESET_SQL_PRE14 = (
-    "SELECT pg_advisory_unlock_all(); SET idle_in_transaction_session_timeout = DEFAULT; "
-    "RESET application_name"
-)
-SHOW_SETTING_SQL = "SELECT current_setting(%(name)s)"
-
-
-# A backend blocked in a lock queue (advisory_lock(wait=True), a beat standby) does not
-# notice that its client died until it is granted, and would then hold the lock for
-# nobody: PostgreSQL >= 14 looks this often (ms) while a statement runs.
-CLIENT_CHECK_MS = 1000
-WATCH_CLIENT_SQL = "SELECT set_config('client_connection_check_interval', %(ms)s, false)"
-
-
-def watch_client(conn: Connection) -> None:
-    """Make ``conn``'s statements end soon after this process dies (PostgreSQL >= 14)."""
-    if conn.info.server_version >= LEASE_MIN_SERVER_VERSION:
-        conn.execute(WATCH_CLIENT_SQL, {"ms": str(CLIENT_CHECK_MS)})
-
-
-def transaction_pooled(conn: Connection, settings: Settings) -> bool:
-    """Whether ``conn`` goes through a transaction pooler (PgBouncer pool_mode=transaction).
-
-    Proof, not guess: in between our statements a second connection, inside a transaction,
-    reports the backend ``conn`` just used (two open clients sharing a server session), or
-    ``conn`` itself moved to another backend. Directly or through a session pooler neither
-    can happen. A pooler reusing server connections last-in first-out (PgBouncer's default)
-    hands the second connection that very backend. Costs one connection and 3 round trips.
-    """
-    first = _backend_pid(conn)
-    with connect(settings) as other, other.transaction():
-        shared = _backend_pid(other) == first
-    return shared or _backend_pid(conn) != first
-
-
-def _backend_pid(conn: Connection) -> int:
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    return int(row[0]) if row else 0
-
-
-FIX_SCOPE = 'set pglock_scope = "transaction" (per task or app-wide), or'
-FIX_BEAT = "set pglock_beat_leader = False (every replica ticks, claims dedupe), or"
-
-
-def pooler_message(settings: Settings, what: str, fix: str) -> str:
-    return (
-        f"{what} cannot work through a transaction pooler (PgBouncer pool_mode=transaction) "
-        f"at {redact(settings.dsn)!r}: the lock would stay behind on a server connection that "
-        f"other clients then use. To fix: {fix} point pglock_dsn at PostgreSQL itself or at a "
-        "session-pooling PgBouncer"
-    )
 
 
 def database(settings: Settings, *, keep_connections: bool = True) -> Database:

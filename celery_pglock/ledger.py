@@ -18,9 +18,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from celery_pglock.config import Settings
-from celery_pglock.db import Connection, Database, connect
+from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.protocol import Claim, Skip
+from celery_pglock.sessions import Connection, connect
 
 logger = logging.getLogger("celery_pglock")
 

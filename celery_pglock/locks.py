@@ -24,14 +24,9 @@ import psycopg
 
 from celery_pglock import unwaited
 from celery_pglock.config import Scope
-from celery_pglock.db import (
-    Connection,
-    Database,
-    application_name,
-    connect,
-    translate_error,
-)
+from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseUnavailable
+from celery_pglock.failures import translate
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.ledger import (
     SUCCEEDED,
@@ -42,6 +37,7 @@ from celery_pglock.ledger import (
     short_reason,
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
+from celery_pglock.sessions import Connection, application_name, connect
 
 logger = logging.getLogger("celery_pglock")
 
@@ -135,11 +131,11 @@ def _execute_acquire(
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             conn.close()  # it reaches a standby: the next one may reach the new primary
             db.putconn(conn, clean=False)
-            raise translate_error(exc, db.settings) from None
+            raise translate(exc, db.settings) from None
         except psycopg.OperationalError as exc:
             usable = db.putconn(conn, clean=False)
             if attempt == attempts - 1 or waited is not None or usable:
-                raise translate_error(exc, db.settings) from None
+                raise translate(exc, db.settings) from None
         except BaseException:
             db.putconn(conn, clean=False)
             raise
@@ -162,7 +158,7 @@ def _skip(
             conn.commit()
     except psycopg.Error as exc:
         db.putconn(conn, clean=False)
-        raise translate_error(exc, db.settings) from None
+        raise translate(exc, db.settings) from None
     # Held and then freed: the lease was armed, so let the pool's reset disarm it.
     db.putconn(conn, clean=not held or scope == "transaction")
     return skip

@@ -18,10 +18,10 @@ import psycopg
 
 from celery_pglock import signals
 from celery_pglock.config import Scope
-from celery_pglock.db import HOSTNAME, Connection
 from celery_pglock.errors import LockLost
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.schema import statement
+from celery_pglock.sessions import HOSTNAME, Connection
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 
 logger = logging.getLogger("celery_pglock")

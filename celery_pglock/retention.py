@@ -28,9 +28,9 @@ from typing import Any
 import psycopg
 
 from celery_pglock.config import Settings, setting
-from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection, connect
 
 logger = logging.getLogger("celery_pglock")
 

@@ -20,12 +20,13 @@ import logging
 
 import psycopg
 
-from celery_pglock.db import Database, connect
+from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.heartbeat import unwatch
 from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
 from celery_pglock.locks import release
 from celery_pglock.protocol import Lease
+from celery_pglock.sessions import connect
 
 logger = logging.getLogger("celery_pglock")
 

@@ -59,6 +59,7 @@ QUERY_FILES = (
     "control_queries.sql",
     "waiting_queries.sql",
     "schema_queries.sql",
+    "connection_queries.sql",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 

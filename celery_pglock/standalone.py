@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDic
 import psycopg
 
 from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
-from celery_pglock.db import Connection, Database, database, translate_error
+from celery_pglock.db import Database, database
 from celery_pglock.errors import ConfigurationError, LockLost, PgLockError
+from celery_pglock.failures import translate
 from celery_pglock.keys import check_lock_name, check_slot, lock_key
 from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -237,7 +239,7 @@ def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | 
             _give_back(db, conn)
             # A pooled connection that died while idle: one more try on a fresh one.
             if attempt == 1 or not conn.closed:
-                raise translate_error(exc, db.settings) from None
+                raise translate(exc, db.settings) from None
         except BaseException:
             _give_back(db, conn)
             raise

@@ -23,11 +23,9 @@ from celery.worker import state as worker_state
 from celery_pglock import policy
 from celery_pglock.config import Settings, app_settings
 from celery_pglock.db import (
-    FIX_SCOPE,
     check_server,
     close_all,
     database,
-    pooler_message,
     serve_tasks,
     size_for_worker,
     waits_block_greenlets,
@@ -35,6 +33,7 @@ from celery_pglock.db import (
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.ledger import record_worker_lost
 from celery_pglock.messages import BUILTIN_PREFIX
+from celery_pglock.sessions import FIX_SCOPE, pooler_message
 from celery_pglock.startup import refuse_to_start, wait_for_postgres
 from celery_pglock.task import PgLockMixin, locking
 

@@ -20,7 +20,12 @@ import psycopg
 
 from celery_pglock import signals
 from celery_pglock.config import Settings
-from celery_pglock.db import (
+from celery_pglock.errors import PgLockError
+from celery_pglock.heartbeat import unwatch, watch
+from celery_pglock.locks import lease_ms
+from celery_pglock.migrations import ensure_schema
+from celery_pglock.protocol import Claim, Lease
+from celery_pglock.sessions import (
     HOSTNAME,
     LEASE_MIN_SERVER_VERSION,
     Connection,
@@ -28,11 +33,6 @@ from celery_pglock.db import (
     connect,
     watch_client,
 )
-from celery_pglock.errors import PgLockError
-from celery_pglock.heartbeat import unwatch, watch
-from celery_pglock.locks import lease_ms
-from celery_pglock.migrations import ensure_schema
-from celery_pglock.protocol import Claim, Lease
 
 logger = logging.getLogger("celery_pglock.beat")
 

@@ -28,20 +28,14 @@ from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
-from celery_pglock.db import (
-    FIX_BEAT,
-    check_server,
-    connect,
-    database,
-    pooler_message,
-    translate_error,
-    translated,
-)
+from celery_pglock.db import check_server, database
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, PgLockError
+from celery_pglock.failures import boundary, translate
 from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.migrations import ensure_schema
 from celery_pglock.retention import AutoPrune
+from celery_pglock.sessions import FIX_BEAT, connect, pooler_message
 from celery_pglock.startup import StartupWait, refuse_to_start
 
 logger = logging.getLogger("celery_pglock.beat")
@@ -325,7 +319,7 @@ class PgLockSchedulerMixin:
 
     def _db_error(self, exc: BaseException) -> None:
         if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):  # demoted under us
-            exc = translate_error(exc, self.pglock_settings)
+            exc = translate(exc, self.pglock_settings)
         if not self._outage:
             self._outage = True
             logger.error(
@@ -366,7 +360,7 @@ class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
 
     def _load_state(self) -> None:
         settings = self.pglock_settings
-        with connect(settings) as conn, translated(settings):
+        with connect(settings) as conn, boundary(settings):
             self._ensure_schema(conn)
             query = self.pglock_tables.query("beat_state")
             rows = conn.execute(query, {"namespace": self.pglock_beat.namespace}).fetchall()

@@ -17,8 +17,8 @@ from celery_pglock.config import (
     overdue_option,
     setting,
 )
-from celery_pglock.db import HOSTNAME
 from celery_pglock.errors import ConfigurationError
+from celery_pglock.sessions import HOSTNAME
 
 logger = logging.getLogger("celery_pglock.beat")
 

@@ -36,10 +36,10 @@ from celery_pglock.cli.controls import pause, resume, trigger, why
 from celery_pglock.cli.entries import Schedule
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.config import app_settings
-from celery_pglock.db import Connection
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection
 
 # -- commands -----------------------------------------------------------------------------
 

@@ -29,12 +29,12 @@ from celery import Celery
 from celery_pglock import ops, policy
 from celery_pglock.config import app_settings, namespace_of, redact
 from celery_pglock.config import tables_of as config_tables
-from celery_pglock.db import Connection, connect
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from celery_pglock.keys import lock_key
 from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.names import fixed_lock_name
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection, connect
 from celery_pglock.startup import wait_for_postgres
 from celery_pglock.task import PgLockMixin
 

@@ -29,8 +29,8 @@ from celery_pglock.cli.common import (
     tables_of,
 )
 from celery_pglock.cli.entries import BY_HELP, Delivery, Schedule, checked, send, target
-from celery_pglock.db import Connection
 from celery_pglock.ops import Row
+from celery_pglock.sessions import Connection
 
 
 @click.command()

@@ -17,10 +17,10 @@ from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli.common import Refused, app_tasks, namespace
-from celery_pglock.db import Connection
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.messages import ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER, checked_slot
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection
 
 BY_HELP = "Who acts, for the audit trail [default: user@host]."
 FINAL_STATES = ("succeeded", "failed", "skipped")

@@ -23,11 +23,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from celery_pglock.config import Settings, check_dsn
-from celery_pglock.db import Database, connect
+from celery_pglock.db import Database
 from celery_pglock.errors import PgLockError
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
+from celery_pglock.sessions import connect
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS, Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until

@@ -13,8 +13,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from celery_pglock.config import Settings
-from celery_pglock.db import check_server, connect, translated
+from celery_pglock.db import check_server
 from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
+from celery_pglock.failures import boundary
+from celery_pglock.sessions import connect
 from celery_pglock.startup import answering
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.pg import ROLE_PASSWORD, require_password, started_embedded
@@ -58,7 +60,7 @@ def test_a_terminated_session_is_an_outage(pg_dsn: str, pg_conn: psycopg.Connect
     conn = connect(settings)
     try:
         pg_conn.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-        with pytest.raises(DatabaseUnavailable) as raised, translated(settings):
+        with pytest.raises(DatabaseUnavailable) as raised, boundary(settings):
             conn.execute("SELECT 1")
     finally:
         conn.close()

@@ -22,12 +22,13 @@ from celery_pglock import ops, retention
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.config import Settings
-from celery_pglock.db import HOSTNAME, Database, close_all
+from celery_pglock.db import Database, close_all
 from celery_pglock.errors import ConfigurationError, SchemaMissing
 from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import HOSTNAME
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database, skipped
 

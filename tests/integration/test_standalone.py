@@ -32,11 +32,12 @@ from celery_pglock import (
     run_once,
 )
 from celery_pglock.config import Settings
-from celery_pglock.db import HOSTNAME, close_all
+from celery_pglock.db import close_all
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease
 from celery_pglock.schema import Tables
+from celery_pglock.sessions import HOSTNAME
 from celery_pglock.standalone import LockHandle
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn, claim, open_database, skipped

@@ -8,9 +8,8 @@ import pytest
 from psycopg import errors
 
 from celery_pglock.config import Settings
-from celery_pglock.db import translate_error
 from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
-from celery_pglock.outage import misconfiguration
+from celery_pglock.failures import misconfiguration, translate
 
 FAILED = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
 PASSWORD = "Sup3rS3cret"  # noqa: S105 - fake; must never be printed
@@ -67,12 +66,12 @@ def test_a_misconfiguration_names_its_fix(exc: psycopg.Error) -> None:
 
 
 def test_translated_errors_keep_both_kinds_apart_and_the_password_out() -> None:
-    """translate_error: an outage is a DatabaseUnavailable, a misconfiguration also a
+    """translate: an outage is a DatabaseUnavailable, a misconfiguration also a
     ConfigurationError naming the fix; neither prints the password."""
     settings = Settings(dsn=f"postgresql://app:{PASSWORD}@127.0.0.1:5432/app")
 
-    outage = translate_error(OUTAGES["refused"], settings)
-    wrong = translate_error(MISCONFIGURATIONS["password"], settings)
+    outage = translate(OUTAGES["refused"], settings)
+    wrong = translate(MISCONFIGURATIONS["password"], settings)
 
     assert (DatabaseUnavailable, False) == (type(outage), isinstance(outage, ConfigurationError))
     assert (DatabaseMisconfigured, True) == (type(wrong), isinstance(wrong, DatabaseUnavailable))
@@ -84,7 +83,7 @@ def test_a_read_only_server_is_a_misconfiguration() -> None:
     """A DSN that reaches only a read-only server names target_session_attrs=read-write."""
     exc = errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction")
 
-    found = translate_error(exc, Settings(dsn="postgresql://app@db/app"))
+    found = translate(exc, Settings(dsn="postgresql://app@db/app"))
 
     assert isinstance(found, DatabaseMisconfigured)
     assert "target_session_attrs=read-write" in str(found)
