@@ -11,6 +11,7 @@ from celery_pglock import retrofit as _retrofit  # noqa: F401 - applies pglock_a
 from celery_pglock import worker as _worker  # noqa: F401 - the worker's signal hooks
 from celery_pglock.errors import (
     ConfigurationError,
+    DatabaseError,
     DatabaseUnavailable,
     LockLost,
     PgLockError,
@@ -44,6 +45,7 @@ __all__ = [
     "SKIPPED",
     "WAITING",
     "ConfigurationError",
+    "DatabaseError",
     "DatabaseUnavailable",
     "LockLost",
     "PgLockError",

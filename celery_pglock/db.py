@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_pglock import unwaited
 from celery_pglock.config import Settings
-from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
+from celery_pglock.errors import ConfigurationError, DatabaseError, DatabaseUnavailable
 from celery_pglock.failover import Recall
 from celery_pglock.failures import boundary
 from celery_pglock.migrations import ensure_schema
@@ -203,7 +203,7 @@ class Database:
         try:
             with boundary(self.settings):
                 self._configure(conn)
-        except DatabaseUnavailable:
+        except DatabaseError:
             conn.close()
             raise
         return conn

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 from celery.backends.base import DisabledBackend
 from celery.result import EagerResult
 from celery.utils import uuid
@@ -21,7 +20,7 @@ from celery.utils import uuid
 from celery_pglock import policy, signals
 from celery_pglock.config import Settings
 from celery_pglock.db import database
-from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
+from celery_pglock.errors import ConfigurationError, DatabaseError
 from celery_pglock.ledger import enqueued_skip
 from celery_pglock.messages import (
     BUILTIN_PREFIX,
@@ -78,7 +77,7 @@ def skipped_before_publish(
         return None
     try:
         skip = enqueued_skip(database(settings), claim)
-    except (DatabaseUnavailable, psycopg.Error) as exc:
+    except DatabaseError as exc:
         what = f"{task.name} slot {claim.slot}"
         extra = {"action": "pglock_enqueue_check_failed", "lock": claim.lock_name}
         logger.warning(

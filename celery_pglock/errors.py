@@ -19,8 +19,23 @@ class ConfigurationError(PgLockError):
     """A setting is missing or invalid; the message names the setting and the fix."""
 
 
-class DatabaseUnavailable(PgLockError):
+class DatabaseError(PgLockError):
+    """A driver error, translated where the library meets the driver
+    (``celery_pglock.failures``): its kind is its class, its message says what to do, and
+    the password is never in it. ``sqlstate``: the server's code, when it sent one;
+    ``cause``: the driver's class and first line (``AdminShutdown: terminating …``)."""
+
+    sqlstate: str | None = None
+    cause: str = ""
+
+
+class DatabaseUnavailable(DatabaseError):
     """PostgreSQL could not be reached or refused the connection (password never shown)."""
+
+
+class SessionGone(DatabaseUnavailable):
+    """An established session ended (the server was restarted or failed over, a DBA or a
+    lease ended it, the network cut it): the advisory locks it held are gone with it."""
 
 
 class DatabaseMisconfigured(DatabaseUnavailable, ConfigurationError):
@@ -31,6 +46,19 @@ class DatabaseMisconfigured(DatabaseUnavailable, ConfigurationError):
     an outage, giving an operator time to fix it); a ``ConfigurationError`` at start-up,
     where a process stops on it at once, naming the fix (``celery_pglock.startup``).
     """
+
+
+class ReadOnlyServer(DatabaseMisconfigured):
+    """The server takes no writes: a standby, or a primary demoted by a failover."""
+
+
+class StatementFailed(DatabaseError):
+    """A statement failed on a live session for a reason of its own (a privilege, an
+    aborted transaction): the session, and its locks, live on."""
+
+
+class WaitEnded(StatementFailed):
+    """A wait in the server's lock queue ran out (``lock_timeout``, ``statement_timeout``)."""
 
 
 class SchemaMissing(ConfigurationError):

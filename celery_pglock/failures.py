@@ -1,12 +1,19 @@
 """Where the library meets the driver: what a psycopg error means, decided in one place.
 
-``misconfiguration`` tells an outage, which waiting cures (the server is down, starting,
-shutting down, in recovery, out of connection slots, or ended our session), from a
-refusal that only a fix cures (wrong credentials, an unknown database or role, missing
-privileges, a malformed connection string), and names the fix. ``translate`` (and
-``boundary``, around statements) applies it: a task retries both kinds (an operator may
-fix the second meanwhile); a process starting up waits for the first only. The password
-of the DSN never reaches a message.
+``translate`` turns any driver error into the library's, whose class is its kind:
+
+- ``SessionGone``: an established session ended (its advisory locks are gone with it);
+- ``ReadOnlyServer``: the server takes no writes (a standby, a demoted primary);
+- ``DatabaseMisconfigured``: a refusal only a fix cures (credentials, an unknown database
+  or role, missing privileges, a malformed connection string), naming the fix;
+- ``DatabaseUnavailable``: an outage that waiting cures (down, starting, shutting down,
+  in recovery, out of connection slots);
+- ``WaitEnded``: a wait in a lock queue ran out;
+- ``StatementFailed``: anything else a statement met on a live session.
+
+Every module above the connection layer catches these, never the driver's own errors
+(``tests/unit/test_failures.py`` keeps it so); ``boundary`` is the usual way in. The
+password of the DSN never reaches a message.
 """
 
 from __future__ import annotations
@@ -14,11 +21,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
 from celery_pglock.config import Settings, redact
-from celery_pglock.errors import DatabaseMisconfigured, DatabaseUnavailable
+from celery_pglock.errors import (
+    DatabaseError,
+    DatabaseMisconfigured,
+    DatabaseUnavailable,
+    ReadOnlyServer,
+    SessionGone,
+    StatementFailed,
+    WaitEnded,
+)
 
 Error = psycopg.Error  # the driver's root: the one name other layers may not catch
 
@@ -53,6 +69,7 @@ FIX_BY_MESSAGE = tuple(
     )
 )
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.InternalError, OSError)
+WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
 
 
 def misconfiguration(exc: BaseException) -> str | None:
@@ -72,13 +89,41 @@ def misconfiguration(exc: BaseException) -> str | None:
     return "check pglock_dsn and the settings named in the message"
 
 
-def translate(exc: BaseException, settings: Settings) -> DatabaseUnavailable:
-    """A ``DatabaseUnavailable`` naming the server (never the password) and the cause: an
-    outage, or a ``DatabaseMisconfigured`` that names the fix (``misconfiguration``)."""
-    where = f"PostgreSQL at {redact(settings.dsn)!r}"
+def session_gone(exc: BaseException, conn: Any = None) -> bool:
+    """Whether ``exc``, met on an established session (``conn``), means it ended. The
+    server ends one with an error of another class too (IdleInTransactionSessionTimeout
+    is an InternalError; behind PgBouncer a dead server can answer InternalError): a
+    closed or broken connection says so."""
+    broken = conn is not None and (conn.closed or conn.broken)
+    return isinstance(exc, (psycopg.OperationalError, OSError)) or bool(broken)
+
+
+def translate(
+    exc: BaseException, settings: Settings | None = None, conn: Any = None
+) -> DatabaseError:
+    """The library's error for driver error ``exc``; ``settings``: to name the server.
+
+    ``conn``: the session it was met on, when the caller must tell a session that ended
+    (its locks with it) from a statement's own failure or a wait cut short. Without it,
+    as while connecting or setting a session up, every error is an outage or a
+    misconfiguration (and a server that takes no writes, read-only)."""
+    where = "PostgreSQL" if settings is None else f"PostgreSQL at {redact(settings.dsn)!r}"
+    cause = first_line(exc)
+    found = _classified(exc, conn, where, cause)
+    found.sqlstate = getattr(exc, "sqlstate", None)
+    found.cause = f"{type(exc).__name__}: {cause}"
+    return found
+
+
+def _classified(exc: BaseException, conn: Any, where: str, cause: str) -> DatabaseError:
     if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
         return read_only(where)
-    cause = first_line(exc)
+    if conn is not None:
+        if isinstance(exc, WAIT_ENDED) and not conn.broken:
+            return WaitEnded(f"{where}: {cause}")  # first: they are OperationalErrors too
+        if session_gone(exc, conn):
+            return SessionGone(f"the session with {where} ended: {cause}")
+        return StatementFailed(f"{where}: {cause}")
     fix = misconfiguration(exc)
     if fix is not None:
         return DatabaseMisconfigured(f"cannot use {where}: {cause}. To fix: {fix}.")
@@ -88,9 +133,9 @@ def translate(exc: BaseException, settings: Settings) -> DatabaseUnavailable:
     )
 
 
-def read_only(where: str) -> DatabaseMisconfigured:
+def read_only(where: str) -> ReadOnlyServer:
     """The server ``where`` names takes no writes: a standby, or a primary demoted."""
-    return DatabaseMisconfigured(
+    return ReadOnlyServer(
         f"{where} is read-only (a standby, a primary demoted by a failover, or "
         "default_transaction_read_only): celery-pglock writes its ledger on the primary. "
         "Point pglock_dsn at the primary, or list every host and add "
@@ -106,12 +151,13 @@ def first_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def boundary(settings: Settings) -> Iterator[None]:
-    """Driver errors raised inside become ``translate``'s."""
+def boundary(settings: Settings | None = None, conn: Any = None) -> Iterator[None]:
+    """Driver errors raised inside become ``translate``'s; ``conn``: the session the
+    statements inside run on, when its end must be told apart (see ``translate``)."""
     try:
         yield
     except psycopg.Error as exc:
-        raise translate(exc, settings) from None
+        raise translate(exc, settings, conn) from None
 
 
-__all__ = ["boundary", "first_line", "misconfiguration", "read_only", "translate"]
+__all__ = ["boundary", "first_line", "misconfiguration", "read_only", "session_gone", "translate"]

@@ -12,9 +12,9 @@ import os
 import threading
 import time
 
-import psycopg
-
 from celery_pglock.db import serving_tasks
+from celery_pglock.errors import DatabaseError
+from celery_pglock.failures import boundary
 from celery_pglock.protocol import PING_SQL, Lease, judge_failure
 
 MIN_PING_INTERVAL = 0.2
@@ -35,9 +35,10 @@ def ping(lease: Lease) -> None:
         return
     conn.lock.release()
     try:
-        conn.execute(PING_SQL)
+        with boundary(conn=conn):
+            conn.execute(PING_SQL)
         lease.last_ping = lease.confirmed = time.monotonic()
-    except psycopg.Error as exc:
+    except DatabaseError as exc:
         judge_failure(lease, exc)
 
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from psycopg.rows import dict_row
 
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
-from celery_pglock.errors import DatabaseUnavailable
+from celery_pglock.errors import DatabaseUnavailable, WaitEnded
+from celery_pglock.failures import boundary
 from celery_pglock.protocol import Claim, Skip
 from celery_pglock.sessions import Connection, connect
 
@@ -191,7 +191,7 @@ def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: s
     if claim.slot is None:
         return False
     params = {**claim.params(), "token": token, "state": state, "reason": reason}
-    with connect(db.settings) as conn:
+    with connect(db.settings) as conn, boundary(db.settings, conn):
         return conn.execute(db.tables.query("record_outcome"), params).fetchone() is not None
 
 
@@ -204,11 +204,8 @@ def record_outcome_when_reachable(
     for attempt in itertools.count():
         try:
             return record_outcome(db, claim, token, state, reason)
-        except (
-            DatabaseUnavailable,
-            psycopg.OperationalError,
-            psycopg.errors.ReadOnlySqlTransaction,
-        ):
+        # An outage, the session ended, a replica not promoted yet, a statement cut short.
+        except (DatabaseUnavailable, WaitEnded):
             pause = OUTCOME_RETRY_PAUSES[min(attempt, len(OUTCOME_RETRY_PAUSES) - 1)]
             if time.monotonic() + pause > deadline:
                 raise
@@ -235,7 +232,7 @@ def record_worker_lost(settings: Settings, claim: Claim, reason: str) -> int | N
         return None
     params = {**claim.params(), "reason": short_reason(reason)}
     tables = settings.tables
-    with connect(settings) as conn:
+    with connect(settings) as conn, boundary(settings, conn):
         row = conn.execute(tables.query("record_worker_lost"), params).fetchone()
     return None if row is None else int(row[0])
 

@@ -25,8 +25,8 @@ import psycopg
 from celery_pglock import unwaited
 from celery_pglock.config import Scope
 from celery_pglock.db import Database
-from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.failures import translate
+from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
+from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.ledger import (
     SUCCEEDED,
@@ -123,19 +123,20 @@ def _execute_acquire(
     for attempt in range(attempts):
         conn = waited if waited is not None else db.getconn()
         try:
-            if conn.autocommit != (scope == "session"):  # a waited one is in its transaction
-                conn.autocommit = scope == "session"
-            row = conn.execute(query, params).fetchone()
+            with boundary(db.settings, conn):
+                if conn.autocommit != (scope == "session"):  # a waited one is in its transaction
+                    conn.autocommit = scope == "session"
+                row = conn.execute(query, params).fetchone()
             assert row is not None
             return conn, row
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
+        except ReadOnlyServer:
             conn.close()  # it reaches a standby: the next one may reach the new primary
             db.putconn(conn, clean=False)
-            raise translate(exc, db.settings) from None
-        except psycopg.OperationalError as exc:
+            raise
+        except (SessionGone, WaitEnded):  # a DBA's statement_timeout or cancel: retried too
             usable = db.putconn(conn, clean=False)
             if attempt == attempts - 1 or waited is not None or usable:
-                raise translate(exc, db.settings) from None
+                raise
         except BaseException:
             db.putconn(conn, clean=False)
             raise
@@ -153,12 +154,13 @@ def _skip(
     newer: str | None = None,
 ) -> Skip:
     try:
-        skip = record_skip(conn, db, claim, reason, held=held, newer_slot=newer)
-        if scope == "transaction":
-            conn.commit()
-    except psycopg.Error as exc:
+        with boundary(db.settings):  # any failure an outage (or a misconfiguration): retried
+            skip = record_skip(conn, db, claim, reason, held=held, newer_slot=newer)
+            if scope == "transaction":
+                conn.commit()
+    except DatabaseError:
         db.putconn(conn, clean=False)
-        raise translate(exc, db.settings) from None
+        raise
     # Held and then freed: the lease was armed, so let the pool's reset disarm it.
     db.putconn(conn, clean=not held or scope == "transaction")
     return skip
@@ -177,16 +179,18 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     params = release_params(lease, state, reason, disarm)
     query = db.tables.query("release")
     try:
-        if lease.scope == "session" and conn.info.transaction_status != IDLE:
-            conn.rollback()  # the body left it open; the pool would roll back our outcome too
-        row = conn.execute(query, params).fetchone()
-        if lease.scope == "transaction":
-            conn.commit()
-    except psycopg.Error as exc:
-        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        with boundary(db.settings, conn):
+            if lease.scope == "session" and conn.info.transaction_status != IDLE:
+                conn.rollback()  # the body left it open; the pool would roll back our outcome
+            row = conn.execute(query, params).fetchone()
+            if lease.scope == "transaction":
+                conn.commit()
+    except DatabaseError as exc:
+        if isinstance(exc, ReadOnlyServer):
             conn.close()  # demoted under us: the lock there is no lock; record it elsewhere
         usable = db.putconn(conn, clean=False)
-        if not isinstance(exc, psycopg.OperationalError) and usable:
+        # Ended, or cut short: the pool's reset frees the lock; record the outcome elsewhere.
+        if not isinstance(exc, (SessionGone, WaitEnded)) and usable:
             raise
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
@@ -207,10 +211,10 @@ def _release_unwaited(db: Database, lease: Lease) -> bool:
     disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
     params = [disarm, application_name()]
     try:
-        unwaited.send(
-            conn, db.tables.query("release_unwaited"), params, db.settings.connect_timeout
-        )
-    except psycopg.Error as exc:
+        with boundary(db.settings, conn):
+            query = db.tables.query("release_unwaited")
+            unwaited.send(conn, query, params, db.settings.connect_timeout)
+    except DatabaseError as exc:
         db.putconn(conn, clean=False)  # closed if broken: its session, and lock, are gone
         lease.mark_lost(f"connection lost before the lock was released: {exc}")
         return True
@@ -227,7 +231,7 @@ def _recover_outcome(db: Database, lease: Lease, state: str, reason: str | None)
             _record_rolled_back(db, lease)
             return False  # the outcome rolled back with the body: not recorded
         recorded = record_outcome_when_reachable(db, lease.claim, lease.token, state, reason)
-    except (psycopg.Error, OSError, DatabaseUnavailable):
+    except (DatabaseError, OSError):
         return False
     if recorded and state == SUCCEEDED:
         db.recall.remember(lease.claim, lease.token)
@@ -239,5 +243,5 @@ def _record_rolled_back(db: Database, lease: Lease) -> None:
     writes and the outcome rolled back together; record the attempt failed, so that the
     slot's row does not stay as it was before the attempt (it may run again)."""
     reason = f"connection lost before the commit: {lease.lost_cause}"
-    with connect(db.settings) as conn:
+    with connect(db.settings) as conn, boundary(db.settings, conn):
         record_failure_after_rollback(conn, db, lease.claim, lease.token, short_reason(reason))

@@ -30,6 +30,7 @@ from psycopg.rows import dict_row
 from celery_pglock import migrations
 from celery_pglock.config import Settings
 from celery_pglock.errors import SchemaMissing
+from celery_pglock.failures import boundary
 from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
@@ -381,7 +382,7 @@ class Migrated:
 def migrate(settings: Settings, **connect_overrides: Any) -> Migrated:
     """Create or upgrade the tables now (what workers otherwise do on first use)."""
     tables = settings.tables
-    with connect(settings, **connect_overrides) as conn:
+    with connect(settings, **connect_overrides) as conn, boundary(settings, conn):
         applied = migrations.apply_migrations(conn, tables)
         version = migrations.current_version(conn, tables) or 0
     return Migrated(applied, version, tables.schema, tables.prefix)

@@ -14,11 +14,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
 from celery_pglock import signals
 from celery_pglock.config import Scope
-from celery_pglock.errors import LockLost
+from celery_pglock.errors import DatabaseError, LockLost, SessionGone
+from celery_pglock.failures import boundary
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.schema import statement
 from celery_pglock.sessions import HOSTNAME, Connection
@@ -181,8 +180,9 @@ class Lease:
         # The caller's thread is not using the connection (it is the body's own, or the
         # body's thread is the caller), so waiting for its lock waits only for a ping.
         try:
-            self.connection.execute(PING_SQL)
-        except psycopg.Error as exc:
+            with boundary(conn=self.connection):
+                self.connection.execute(PING_SQL)
+        except DatabaseError as exc:
             judge_failure(self, exc)
         else:
             self.confirmed = time.monotonic()
@@ -213,15 +213,13 @@ class Lease:
         )
 
 
-def judge_failure(lease: Lease, exc: psycopg.Error) -> None:
-    """Mark ``lease`` lost if ``exc``, raised on its connection, means the session ended."""
+def judge_failure(lease: Lease, exc: DatabaseError) -> None:
+    """Mark ``lease`` lost if ``exc``, raised on its connection, means the session ended.
+    Otherwise (e.g. the task's transaction is aborted) the session and the lock live on."""
     if lease.released:  # released meanwhile: the connection is no longer the lease's
         return
-    # The session is gone on an OperationalError, or when the server ended it with an
-    # error of another class (IdleInTransactionSessionTimeout is an InternalError).
-    # Otherwise (e.g. the task's transaction is aborted) the session and the lock live on.
-    if isinstance(exc, psycopg.OperationalError) or lease.connection.closed:
-        lease.mark_lost(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+    if isinstance(exc, SessionGone):
+        lease.mark_lost(exc.cause)
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import psycopg
-
 from celery_pglock.config import Settings, setting
 from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.failures import boundary
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection, connect
 
@@ -204,7 +203,7 @@ class AutoPrune:
         if self.retention is None or self.clock() < self.next_at:
             return None
         try:
-            with connect(self.settings) as conn:
+            with connect(self.settings) as conn, boundary(self.settings, conn):
                 result = prune(
                     conn,
                     self.tables,
@@ -212,7 +211,7 @@ class AutoPrune:
                     max_batches=AUTO_PRUNE_BATCHES,
                     namespace=self.namespace,
                 )
-        except (psycopg.Error, PgLockError) as exc:
+        except PgLockError as exc:
             self._failed(exc)
             return None
         self._succeeded(result)

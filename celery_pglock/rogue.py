@@ -21,11 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from celery_pglock import signals
 from celery_pglock.db import Database
-from celery_pglock.errors import DatabaseUnavailable
+from celery_pglock.errors import DatabaseError
 from celery_pglock.messages import headers_of
 
 logger = logging.getLogger("celery_pglock")
@@ -73,7 +71,7 @@ class RogueWatch:
                     query = process_db.tables.query("scheduled_tasks")
                     rows = conn.execute(query, params).fetchall()
                 self._scheduled = frozenset(row[0] for row in rows)
-            except (psycopg.Error, DatabaseUnavailable):  # keep what we knew; never fail a run
+            except DatabaseError:  # keep what we knew; never fail a run
                 pass
         return self._scheduled
 
@@ -94,7 +92,7 @@ class RogueWatch:
         try:
             with db.connection() as conn:
                 conn.execute(db.tables.query("record_rogue_send"), params)
-        except (psycopg.Error, DatabaseUnavailable):
+        except DatabaseError:
             pass  # the WARNING is out; the row is only for `status`
 
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import logging
 
-import psycopg
-
 from celery_pglock.db import Database
-from celery_pglock.errors import LockLost
+from celery_pglock.errors import LockLost, SessionGone
+from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import unwatch
 from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
 from celery_pglock.locks import release
@@ -74,14 +73,14 @@ def _record_transaction_failure(db: Database, lease: Lease, reason: str) -> None
     and the slot's row would stay as it was for good."""
     conn = lease.connection
     try:
-        conn.rollback()
-    except psycopg.Error:  # behind PgBouncer a dead server can answer InternalError
-        if not conn.closed and not conn.broken:
-            raise
-        with connect(db.settings) as fresh:
+        with boundary(db.settings, conn):
+            conn.rollback()
+    except SessionGone:  # behind PgBouncer a dead server can answer InternalError, alike
+        with connect(db.settings) as fresh, boundary(db.settings, fresh):
             record_failure_after_rollback(fresh, db, lease.claim, lease.token, reason)
         return
-    record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
+    with boundary(db.settings, conn):
+        record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
 
 
 def give_back_failed(db: Database, lease: Lease) -> None:

@@ -28,8 +28,15 @@ import psycopg
 
 from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
 from celery_pglock.db import Database, database
-from celery_pglock.errors import ConfigurationError, LockLost, PgLockError
-from celery_pglock.failures import translate
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseError,
+    LockLost,
+    PgLockError,
+    SessionGone,
+    WaitEnded,
+)
+from celery_pglock.failures import boundary
 from celery_pglock.keys import check_lock_name, check_slot, lock_key
 from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
@@ -47,9 +54,6 @@ R = TypeVar("R")
 Dsn = str | Callable[[], str] | None
 NameOption = str | Callable[..., str]
 SlotOption = str | Callable[..., str] | None
-
-# lock_timeout ran out, or a statement_timeout set by a DBA cut the wait short.
-WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
 
 
 class LockSettings(TypedDict, total=False):
@@ -230,16 +234,17 @@ def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | 
     for attempt in range(2):
         conn = db.getconn()
         try:
-            conn.autocommit = options.scope == "session"
-            conn.execute(query, params)
-        except WAIT_ENDED:
+            with boundary(db.settings, conn):
+                conn.autocommit = options.scope == "session"
+                conn.execute(query, params)
+        except WaitEnded:  # lock_timeout ran out, or a DBA's statement_timeout cut it short
             _give_back(db, conn)
             return None
-        except psycopg.OperationalError as exc:
+        except SessionGone:
             _give_back(db, conn)
             # A pooled connection that died while idle: one more try on a fresh one.
             if attempt == 1 or not conn.closed:
-                raise translate(exc, db.settings) from None
+                raise
         except BaseException:
             _give_back(db, conn)
             raise
@@ -255,7 +260,8 @@ def _milliseconds(seconds: float | None) -> str:
 def _give_back(db: Database, conn: Connection) -> None:
     """Return a connection whose wait failed; the pool's reset frees what it took."""
     if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        with contextlib.suppress(psycopg.Error):  # else the pool warns about an open transaction
+        # else the pool warns about an open transaction
+        with contextlib.suppress(DatabaseError), boundary(db.settings, conn):
             conn.rollback()
     db.putconn(conn, clean=False)
 

@@ -19,15 +19,13 @@ from celery.exceptions import Ignore, Reject
 
 from celery_pglock import policy, rogue, runs, signals, turns
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting, locked_app_wide
-from celery_pglock.db import (
-    Database,
-    database,
-    serving_tasks,
-)
+from celery_pglock.db import Database, database, serving_tasks
 from celery_pglock.enqueue import SkippedResult, checks_enqueue, skipped_before_publish
 from celery_pglock.errors import (
+    DatabaseError,
     DatabaseUnavailable,
     TaskSkipped,
+    WaitEnded,
 )
 from celery_pglock.events import send_skipped
 from celery_pglock.locks import acquire
@@ -159,7 +157,7 @@ class PgLockMixin:
             claimed = acquire(db, claim, options.scope, options.lease)
             call = (args, kwargs)
             outcome = turns.take_turn(self, db, claim, claimed, options=options, call=call)
-        except DatabaseUnavailable as exc:
+        except (DatabaseUnavailable, WaitEnded) as exc:  # WaitEnded: cut short by the server
             return self._pglock_db_error(options, exc, args, kwargs)
         _outage.succeeded()
         if isinstance(outcome, Lease):
@@ -366,7 +364,7 @@ class PgLockMixin:
         raise Ignore()
 
     def _pglock_db_error(
-        self, options: TaskOptions, exc: DatabaseUnavailable, args: Any, kwargs: Any
+        self, options: TaskOptions, exc: DatabaseError, args: Any, kwargs: Any
     ) -> Any:
         policy = options.on_db_error
         if policy == "run":

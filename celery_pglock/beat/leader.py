@@ -14,13 +14,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
 
 from celery_pglock import signals
 from celery_pglock.config import Settings
 from celery_pglock.errors import PgLockError
+from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.locks import lease_ms
 from celery_pglock.migrations import ensure_schema
@@ -30,6 +28,8 @@ from celery_pglock.sessions import (
     LEASE_MIN_SERVER_VERSION,
     Connection,
     application_name,
+    cancel_quietly,
+    close_quietly,
     connect,
     watch_client,
 )
@@ -95,7 +95,7 @@ class LeaderElection:
         if lease is None:
             return
         unwatch(lease)
-        _close_quietly(lease.connection)
+        close_quietly(lease.connection)
         logger.warning(
             "beat replica %s stepped down as leader: %s",
             replica_name(),
@@ -110,11 +110,11 @@ class LeaderElection:
         self._closed.set()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
-            _cancel_quietly(waiting)
+            cancel_quietly(waiting)
         lease, self._lease = self._lease, None
         if lease is not None:
             unwatch(lease)
-            _close_quietly(lease.connection)
+            close_quietly(lease.connection)
         self._standby.set()
 
     def _run(self) -> None:
@@ -124,7 +124,7 @@ class LeaderElection:
                 return
             try:
                 self._compete()
-            except (psycopg.Error, PgLockError, OSError) as exc:
+            except (PgLockError, OSError) as exc:
                 self._report_outage(exc)
                 self._closed.wait(RETRY_DELAY)
 
@@ -137,14 +137,15 @@ class LeaderElection:
         )
         self._waiting = conn
         try:
-            watch_client(conn)  # a standby that dies must leave the lock queue at once
-            conn.execute(self.tables.query("leader_wait"), {"key": self.claim.key})
-            if self._closed.is_set():
-                _close_quietly(conn)
-                return
-            self._promote(conn)
+            with boundary(self.settings, conn):
+                watch_client(conn)  # a standby that dies must leave the lock queue at once
+                conn.execute(self.tables.query("leader_wait"), {"key": self.claim.key})
+                if self._closed.is_set():
+                    close_quietly(conn)
+                    return
+                self._promote(conn)
         except BaseException:
-            _close_quietly(conn)  # closing the session frees the leader lock we may hold
+            close_quietly(conn)  # closing the session frees the leader lock we may hold
             raise
         finally:
             self._waiting = None
@@ -190,20 +191,6 @@ class LeaderElection:
             exc,
             extra={"action": "pglock_beat_db_unavailable"},
         )
-
-
-def _close_quietly(conn: Connection) -> None:
-    try:
-        conn.close()
-    except (psycopg.Error, OSError):
-        logger.debug("closing a beat connection failed", exc_info=True)
-
-
-def _cancel_quietly(conn: Any) -> None:
-    try:
-        conn.cancel_safe(timeout=1.0)
-    except (psycopg.Error, OSError, AttributeError):
-        logger.debug("cancelling the leadership wait failed", exc_info=True)
 
 
 def replica_name() -> str:

@@ -18,7 +18,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
-import psycopg
 from celery.beat import Scheduler
 
 from celery_pglock import waiting
@@ -29,8 +28,13 @@ from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.db import check_server, database
-from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, PgLockError
-from celery_pglock.failures import boundary, translate
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    PgLockError,
+    SessionGone,
+)
+from celery_pglock.failures import boundary
 from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.migrations import ensure_schema
@@ -115,7 +119,7 @@ class PgLockSchedulerMixin:
             return min(STANDBY_POLL, self.max_interval)
         try:
             self._lead(now)
-        except (psycopg.Error, PgLockError) as exc:
+        except PgLockError as exc:
             if self.pglock_beat.leader_mode and not self.is_leader:
                 return min(STANDBY_POLL, self.max_interval)  # lost the lease: not an outage
             self._db_error(exc)
@@ -264,9 +268,10 @@ class PgLockSchedulerMixin:
         if leader_conn is None:
             raise PgLockError("this replica is no longer the beat leader")
         try:
-            self._ensure_schema(leader_conn)
-            return _rows(leader_conn.execute(self.pglock_tables.query(name), params))
-        except psycopg.OperationalError as exc:
+            with boundary(self.pglock_settings, leader_conn):
+                self._ensure_schema(leader_conn)
+                return _rows(leader_conn.execute(self.pglock_tables.query(name), params))
+        except SessionGone as exc:
             self._election.step_down(f"leader connection failed: {exc}")
             raise
 
@@ -318,8 +323,6 @@ class PgLockSchedulerMixin:
         self.pglock_claims.confirm(sent)
 
     def _db_error(self, exc: BaseException) -> None:
-        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):  # demoted under us
-            exc = translate(exc, self.pglock_settings)
         if not self._outage:
             self._outage = True
             logger.error(

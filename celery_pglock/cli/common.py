@@ -23,13 +23,19 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
-import psycopg
 from celery import Celery
 
 from celery_pglock import ops, policy
-from celery_pglock.config import app_settings, namespace_of, redact
+from celery_pglock.config import app_settings, namespace_of
 from celery_pglock.config import tables_of as config_tables
-from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    SchemaMissing,
+    StatementFailed,
+    WaitEnded,
+)
+from celery_pglock.failures import boundary
 from celery_pglock.keys import lock_key
 from celery_pglock.messages import BUILTIN_PREFIX
 from celery_pglock.names import fixed_lock_name
@@ -45,6 +51,8 @@ EXIT_UNREACHABLE = 3
 EXIT_FORBIDDEN = 4
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+INSUFFICIENT_PRIVILEGE = "42501"  # SQLSTATE: e.g. may not end another role's session
 
 
 class NotFound(click.ClickException):
@@ -73,27 +81,20 @@ class Forbidden(click.ClickException):
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Library and driver errors as one clean line and an exit code (passwords redacted)."""
+    """Library errors (the driver's are translated where they are met: ``session``) as
+    one clean line and an exit code; their messages never hold the password."""
     try:
         yield
     except SchemaMissing as exc:
         raise NotFound(str(exc)) from None
     except ConfigurationError as exc:
         raise Refused(str(exc)) from None
-    except DatabaseUnavailable as exc:
+    except (DatabaseUnavailable, WaitEnded) as exc:  # WaitEnded: the server cut it short
         raise Unreachable(str(exc)) from None
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise Forbidden(f"PostgreSQL refused: {_first_line(exc)}") from None
-    except psycopg.OperationalError as exc:
-        message = f"lost the connection to PostgreSQL: {_first_line(exc)}"
-        raise Unreachable(message) from None
-    except psycopg.Error as exc:
-        raise NotFound(f"PostgreSQL error: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(text.splitlines()[0] if text else type(exc).__name__)
+    except StatementFailed as exc:
+        if exc.sqlstate == INSUFFICIENT_PRIVILEGE:
+            raise Forbidden(f"PostgreSQL refused: {exc}") from None
+        raise NotFound(f"PostgreSQL error: {exc}") from None
 
 
 def json_option(function: F) -> F:
@@ -218,7 +219,7 @@ def session(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Ta
         if wait
         else attempt()
     )
-    with conn:
+    with conn, boundary(settings, conn):
         yield conn, settings.tables
 
 

@@ -14,7 +14,13 @@ from psycopg.conninfo import make_conninfo
 
 from celery_pglock.config import Settings
 from celery_pglock.db import check_server
-from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseMisconfigured,
+    DatabaseUnavailable,
+    SessionGone,
+    StatementFailed,
+)
 from celery_pglock.failures import boundary
 from celery_pglock.sessions import connect
 from celery_pglock.startup import answering
@@ -55,16 +61,29 @@ def test_a_stopped_server_is_an_outage(private_pg: EmbeddedPostgres) -> None:
 
 
 def test_a_terminated_session_is_an_outage(pg_dsn: str, pg_conn: psycopg.Connection[Any]) -> None:
-    """A session ended by pg_terminate_backend (a restart, an operator): an outage."""
+    """A session ended by pg_terminate_backend (a restart, an operator): its locks are
+    gone (SessionGone), an outage, and the cause names the driver's error."""
     settings = Settings(dsn=pg_dsn)
     conn = connect(settings)
     try:
         pg_conn.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-        with pytest.raises(DatabaseUnavailable) as raised, boundary(settings):
+        with pytest.raises(SessionGone) as raised, boundary(settings, conn):
             conn.execute("SELECT 1")
     finally:
         conn.close()
     assert not isinstance(raised.value, ConfigurationError), raised.value
+    assert raised.value.cause.startswith("AdminShutdown: terminating connection"), raised.value
+
+
+def test_a_failed_statement_leaves_the_session_alive(pg_dsn: str) -> None:
+    """An error of the statement's own (here an unknown column) is StatementFailed,
+    with its SQLSTATE: the session, and the locks it holds, live on."""
+    settings = Settings(dsn=pg_dsn)
+    with connect(settings) as conn:
+        with pytest.raises(StatementFailed) as raised, boundary(settings, conn):
+            conn.execute("SELECT no_such_column FROM pg_class")
+        assert (1,) == conn.execute("SELECT 1").fetchone()
+    assert ("42703", False) == (raised.value.sqlstate, isinstance(raised.value, SessionGone))
 
 
 def test_a_role_out_of_connection_slots_is_an_outage(

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import celery
-import psycopg
 import pytest
 from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
@@ -27,6 +26,7 @@ from celery_pglock.beat import planner as planner_module
 from celery_pglock.beat import scheduler as scheduler_module
 from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.scheduler import EntryWithHeaders
+from celery_pglock.errors import DatabaseUnavailable, SessionGone
 from celery_pglock.names import lock_name
 
 UTC = timezone.utc
@@ -394,7 +394,7 @@ def test_losing_the_lease_mid_tick_is_not_reported_as_an_outage(
     class LosesLease(SimulatedScheduler):
         def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
             election.leader = False  # the server ended the leader's session
-            raise psycopg.OperationalError("terminating connection due to idle-session timeout")
+            raise SessionGone("terminating connection due to idle-session timeout")
 
     scheduler = LosesLease(make_app(pglock_beat_leader=True), Store())
     scheduler._election = election  # type: ignore[assignment]
@@ -416,7 +416,7 @@ def test_a_database_error_while_leading_is_reported_once(
     class Flaky(SimulatedScheduler):
         def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
             if failing:
-                raise psycopg.OperationalError("connection refused")
+                raise DatabaseUnavailable("connection refused")
             return super()._run_query(name, params)
 
     scheduler = Flaky(make_app(), Store())

@@ -17,6 +17,7 @@ PUBLIC_NAMES = [
     "SKIPPED",
     "WAITING",
     "ConfigurationError",
+    "DatabaseError",
     "DatabaseUnavailable",
     "LockLost",
     "PgLockError",

@@ -1,14 +1,28 @@
-"""An outage (waiting cures it) told from a misconfiguration (only a fix does), by the
-errors psycopg raises for each; real servers raising them: test_connect_errors.py."""
+"""Where the library meets the driver (``celery_pglock.failures``): an outage (waiting
+cures it) told from a misconfiguration (only a fix does) and a session that ended from a
+statement that failed, by the errors psycopg raises for each (real servers raising them:
+test_connect_errors.py); and no module above the connection layer catches the driver's."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 from psycopg import errors
 
 from celery_pglock.config import Settings
-from celery_pglock.errors import ConfigurationError, DatabaseMisconfigured, DatabaseUnavailable
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseMisconfigured,
+    DatabaseUnavailable,
+    ReadOnlyServer,
+    SessionGone,
+    StatementFailed,
+    WaitEnded,
+)
 from celery_pglock.failures import misconfiguration, translate
 
 FAILED = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
@@ -66,7 +80,7 @@ def test_a_misconfiguration_names_its_fix(exc: psycopg.Error) -> None:
 
 
 def test_translated_errors_keep_both_kinds_apart_and_the_password_out() -> None:
-    """translate: an outage is a DatabaseUnavailable, a misconfiguration also a
+    """translate, while connecting: an outage is a DatabaseUnavailable, a misconfiguration also a
     ConfigurationError naming the fix; neither prints the password."""
     settings = Settings(dsn=f"postgresql://app:{PASSWORD}@127.0.0.1:5432/app")
 
@@ -85,5 +99,66 @@ def test_a_read_only_server_is_a_misconfiguration() -> None:
 
     found = translate(exc, Settings(dsn="postgresql://app@db/app"))
 
+    assert isinstance(found, ReadOnlyServer)
     assert isinstance(found, DatabaseMisconfigured)
     assert "target_session_attrs=read-write" in str(found)
+
+
+LIVE = SimpleNamespace(closed=False, broken=False)  # what translate reads of a session
+BROKEN = SimpleNamespace(closed=False, broken=True)
+
+
+@pytest.mark.parametrize(
+    ("exc", "conn", "kind"),
+    [
+        (OUTAGES["terminated"], LIVE, SessionGone),
+        (errors.IdleInTransactionSessionTimeout("terminating connection"), BROKEN, SessionGone),
+        (psycopg.InternalError("server closed the connection"), BROKEN, SessionGone),
+        (errors.LockNotAvailable("canceling statement due to lock timeout"), LIVE, WaitEnded),
+        (errors.QueryCanceled("canceling statement due to statement timeout"), LIVE, WaitEnded),
+        (errors.InsufficientPrivilege("permission denied for function"), LIVE, StatementFailed),
+        (errors.InFailedSqlTransaction("current transaction is aborted"), LIVE, StatementFailed),
+    ],
+    ids=["ended", "idle-timeout", "broken", "lock-timeout", "canceled", "privilege", "aborted"],
+)
+def test_an_error_on_a_session_says_whether_the_session_lives(
+    exc: psycopg.Error, conn: SimpleNamespace, kind: type
+) -> None:
+    """On an established session: SessionGone when it ended (the locks went with it),
+    else a statement's own failure, with its SQLSTATE and the driver's class in ``cause``."""
+    found = translate(exc, conn=conn)
+
+    assert kind is type(found)
+    assert (exc.sqlstate, type(exc).__name__) == (found.sqlstate, found.cause.split(":")[0])
+
+
+PACKAGE = Path(__file__).resolve().parents[2] / "celery_pglock"
+# The connection layer (it translates) and code outside the library proper.
+MAY_CATCH_DRIVER_ERRORS = {
+    "db.py": "the pool: a connection that fails its reset or first statement is dropped",
+    "failures.py": "the translation itself",
+    "sessions.py": "closing and cancelling a session that may be gone already",
+    "parking.py": "its own thread drains parked connections, and drops broken ones",
+    "config.py": "parsing a DSN, before any server is involved",
+    "demo/server.py": "the demo's embedded server, not the library",
+}
+
+
+def _catches_driver_error(handler: ast.ExceptHandler) -> bool:
+    names = ast.unparse(handler.type) if handler.type is not None else ""
+    return "psycopg" in names or "TRANSIENT" in names or "WAIT_ENDED" in names
+
+
+def test_only_the_connection_layer_catches_driver_errors() -> None:
+    """Above the connection layer, modules catch the library's errors only: what a driver
+    error means is decided once, in ``failures``."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name in MAY_CATCH_DRIVER_ERRORS or name.startswith("testing/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        handlers = [node for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)]
+        found += [f"{name}:{h.lineno}" for h in handlers if _catches_driver_error(h)]
+
+    assert [] == found
