@@ -117,6 +117,12 @@ def test_beats_and_workers_started_during_an_outage_serve_once_postgresql_answer
         timeout=DEADLINE,
         message="both workers ready",
     )
+    # A standby beat notices at its next ping, after the leader may already have sent.
+    w.wait_for(
+        lambda: all(ANSWERS in proc.log_text() for proc in everyone),
+        timeout=DEADLINE,
+        message="every process to say PostgreSQL answers",
+    )
     w.alive_check()
 
     assert 1 == still_queued  # nobody consumed while waiting for PostgreSQL
