@@ -9,7 +9,7 @@ import pytest
 
 from celery_pglock.config import Scope, Settings
 from celery_pglock.db import Database
-from celery_pglock.keys import lock_key, lock_keys
+from celery_pglock.keys import lock_key, lock_keys, slot_lock
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
@@ -102,10 +102,11 @@ def test_a_skipped_claim_leaves_no_lock_behind(db: Database, pg_conn: Conn, job:
     later message of that slot (on the same pooled session) is not kept out by it."""
     leases = [granted(acquire(db, limited(job, slot), "session", None)) for slot in SLOTS[:3]]
     skipped(acquire(db, limited(job, SLOTS[3]), "session", None))
+    classid, objid = (part & 0xFFFFFFFF for part in slot_lock(job, SLOTS[3]))
     held = pg_conn.execute(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
-        " AND pid <> ALL(%s)",
-        ([lease.connection.info.backend_pid for lease in leases],),
+        " AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+        (classid, objid),
     ).fetchone()
 
     assert (0,) == held
