@@ -19,6 +19,14 @@ class ConfigurationError(PgLockError):
     """A setting is missing or invalid; the message names the setting and the fix."""
 
 
+class NotPgLockScheduler(ConfigurationError):
+    """The app's ``beat_scheduler`` is not a PgLockScheduler: its entries cannot be steered."""
+
+
+class UnknownEntry(ConfigurationError):
+    """No beat entry has the name given; the message names the nearest ones."""
+
+
 class DatabaseError(PgLockError):
     """A driver error, translated where the library meets the driver
     (``celery_pglock.failures``): its kind is its class, its message says what to do, and

@@ -24,22 +24,19 @@ from celery_pglock.cli.common import (
     Refused,
     current_app,
     json_option,
-    known_lock_names,
-    namespace,
-    registered_tasks,
     reported_errors,
     resolve_lock,
     session,
     tables_of,
 )
 from celery_pglock.cli.controls import pause, resume, trigger, why
-from celery_pglock.cli.entries import Schedule
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.config import app_settings
-from celery_pglock.errors import ConfigurationError
+from celery_pglock.errors import ConfigurationError, NotPgLockScheduler
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
+from celery_pglock.steering.apps import Schedule, known_lock_names, namespace, registered_tasks
 
 # -- commands -----------------------------------------------------------------------------
 
@@ -92,7 +89,7 @@ def _freshness(app: Celery, conn: Connection) -> list[Freshness]:
     """Entries with ``pglock_overdue_after``, overdue first; none without a PgLockScheduler."""
     try:
         schedule = Schedule(app)
-    except Refused:
+    except NotPgLockScheduler:
         return []
     except Exception as exc:  # noqa: BLE001 - an optional section never costs the status
         click.echo(f"(freshness not shown: the beat schedule did not load: {exc})", err=True)

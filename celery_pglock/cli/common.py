@@ -15,18 +15,16 @@ for it as a worker does (``startup``), their WARNINGs on stderr.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 from celery import Celery
 
-from celery_pglock import ops, policy
-from celery_pglock.config import app_settings, namespace_of
+from celery_pglock import ops
+from celery_pglock.config import app_settings
 from celery_pglock.config import tables_of as config_tables
 from celery_pglock.errors import (
     ConfigurationError,
@@ -37,12 +35,10 @@ from celery_pglock.errors import (
 )
 from celery_pglock.failures import boundary
 from celery_pglock.keys import lock_key
-from celery_pglock.messages import BUILTIN_PREFIX
-from celery_pglock.names import fixed_lock_name
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection, connect
 from celery_pglock.startup import wait_for_postgres
-from celery_pglock.task import PgLockMixin
+from celery_pglock.steering.apps import task_lock_name
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -113,81 +109,6 @@ def current_app(ctx: click.Context) -> Celery:
     if app is None:
         raise Refused("no Celery app: run as `celery -A proj pglock …`")
     return app  # type: ignore[no-any-return]
-
-
-def setup_django() -> None:
-    """In a Django project, load its apps as ``celery worker`` and ``celery beat`` do (their
-    Django fixup): a command line gets no such step, and django-celery-beat's models need it."""
-    if not os.environ.get("DJANGO_SETTINGS_MODULE") or "django" not in sys.modules:
-        return
-    import django  # noqa: PLC0415 - only in a Django project
-    from django.apps import apps  # noqa: PLC0415
-
-    if not apps.ready:
-        django.setup()
-
-
-_loaded: weakref.WeakSet[Celery] = weakref.WeakSet()  # apps whose task modules were imported
-
-
-def app_tasks(app: Celery) -> Mapping[str, Any]:
-    """The app's tasks as its worker registers them: its task modules imported first
-    (``imports``, ``include``, Django's autodiscovery), as ``celery worker`` and ``celery
-    beat`` do at start-up; once per process."""
-    if app not in _loaded:
-        setup_django()
-        app.loader.import_default_modules()
-        _loaded.add(app)
-    return app.tasks
-
-
-def namespace(app: Celery) -> str:
-    """The app-wide lock namespace (``pglock_namespace``, else the app's main name)."""
-    return namespace_of(app.conf, app.main)
-
-
-def task_lock_name(app: Celery, task_name: str) -> str | None:
-    """The lock name of a registered locked task, when it does not depend on arguments."""
-    task = app_tasks(app).get(task_name)
-    if not isinstance(task, PgLockMixin):
-        return None
-    try:
-        options = task.pglock_options()
-    except ConfigurationError:
-        return None
-    return fixed_lock_name(task_name, options)
-
-
-def registered_tasks(app: Celery) -> list[dict[str, Any]]:
-    """The app's tasks (not Celery's own): locked or not, and how, for ``status``."""
-    found = []
-    for name, task in sorted(app_tasks(app).items()):
-        if name.startswith(BUILTIN_PREFIX):
-            continue
-        row: dict[str, Any] = {"task": name, "locked": isinstance(task, PgLockMixin)}
-        if isinstance(task, PgLockMixin):
-            try:
-                options = task.pglock_options()
-            except ConfigurationError as exc:
-                row["error"] = str(exc)
-            else:
-                row["lock"] = task_lock_name(app, name) or "(from the arguments)"
-                row["locks"] = policy.describe(options)
-                row["scope"] = options.scope
-                row["scheduled_only"] = options.scheduled_only
-        found.append(row)
-    return found
-
-
-def known_lock_names(app: Celery) -> dict[str, int]:
-    """Lock names this app's tasks use, so their locks are named even before any run,
-    each with its ``pglock_concurrency`` (how many keys it has)."""
-    found: dict[str, int] = {}
-    for task_name, task in list(app_tasks(app).items()):
-        name = task_lock_name(app, task_name)
-        if name and isinstance(task, PgLockMixin):
-            found[name] = max(found.get(name, 1), task.pglock_options().concurrency)
-    return dict(sorted(found.items()))
 
 
 def resolve_lock(app: Celery, name: str) -> str:

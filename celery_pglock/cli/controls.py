@@ -20,7 +20,6 @@ from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     NotFound,
     Refused,
-    app_tasks,
     current_app,
     json_option,
     reported_errors,
@@ -28,9 +27,16 @@ from celery_pglock.cli.common import (
     session,
     tables_of,
 )
-from celery_pglock.cli.entries import BY_HELP, Delivery, Schedule, checked, send, target
+from celery_pglock.cli.entries import BY_HELP, Delivery, checked
 from celery_pglock.ops import Row
 from celery_pglock.sessions import Connection
+from celery_pglock.steering.apps import (
+    Schedule,
+    app_tasks,
+    schedule_or_none,
+    send,
+    target,
+)
 
 
 @click.command()
@@ -141,7 +147,7 @@ def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
     was it due, claimed and sent, every attempt and skip, the lock's holder, the audit."""
     app = current_app(ctx)
     with reported_errors():
-        schedule = _schedule_or_none(app)
+        schedule = schedule_or_none(app)
         entry = schedule.entries.get(name) if schedule else None
         lock = schedule.lock_name(entry) if schedule and entry else resolve_lock(app, name)
         with session(app) as (conn, _):
@@ -157,13 +163,6 @@ def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
         output.echo_json(ops.jsonable(found))
         return
     click.echo(output.why_text(found))
-
-
-def _schedule_or_none(app: Celery) -> Schedule | None:
-    try:
-        return Schedule(app)
-    except Refused:  # not a PgLockScheduler app: lock and task names still work
-        return None
 
 
 def _known(app: Celery, conn: Connection, name: str, lock: str, found: Row) -> bool:

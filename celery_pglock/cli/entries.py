@@ -1,26 +1,21 @@
-"""What the operator commands share: the app's beat entries as its scheduler loads them,
-who acts, and sending an entry's slot by name (waiting for its outcome)."""
+"""What the operator commands share: sending an entry's slot by name and waiting for its
+outcome, a slot given on the command line. The entries themselves: ``steering.apps``."""
 
 from __future__ import annotations
 
-import difflib
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import click
 from celery import Celery
-from celery.utils.imports import symbol_by_name
 
-from celery_pglock import controls, ops
-from celery_pglock.beat.entries import entry_lock_name
-from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
-from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.cli.common import Refused, app_tasks, namespace
+from celery_pglock import controls
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.messages import ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER, checked_slot
+from celery_pglock.messages import checked_slot
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
+from celery_pglock.steering.apps import send
 
 BY_HELP = "Who acts, for the audit trail [default: user@host]."
 FINAL_STATES = ("succeeded", "failed", "skipped")
@@ -28,42 +23,6 @@ DELIVERY_TIMEOUT = 60.0  # seconds a slot sent by name may take to end
 LOCKED_RETRIES = 5
 LOCKED_PAUSE = 0.5  # seconds, times the attempt, before sending a `locked` slot again
 POLL = 0.1
-
-
-class Schedule:
-    """The app's beat entries, loaded as its beat scheduler loads them."""
-
-    def __init__(self, app: Celery) -> None:
-        app_tasks(app)  # as beat: Django set up, the task modules imported (lock names)
-        cls = symbol_by_name(app.conf.beat_scheduler)
-        if not (isinstance(cls, type) and issubclass(cls, PgLockSchedulerMixin)):
-            raise Refused(
-                f"beat_scheduler is {app.conf.beat_scheduler!r}: pausing, triggering and "
-                "explaining entries need celery_pglock.beat:PgLockScheduler (or a scheduler "
-                "class with PgLockSchedulerMixin first)"
-            )
-        self.app = app
-        scheduler: Any = cls(app=app, lazy=True)
-        scheduler.setup_schedule()
-        self.scheduler = scheduler
-        self.entries: dict[str, Any] = dict(self.scheduler.schedule)
-
-    def entry(self, name: str) -> Any:
-        """The entry ``name``, or a ``Refused`` naming the nearest ones."""
-        if name in self.entries:
-            return self.entries[name]
-        near = difflib.get_close_matches(name, list(self.entries), n=3, cutoff=0.5)
-        known = near or sorted(self.entries)
-        hint = "did you mean" if near else "entries are"
-        raise Refused(f"no beat entry {name!r}: {hint} {', '.join(known) or '(none)'}")
-
-    def lock_name(self, entry: Any) -> str:
-        return entry_lock_name(self.app, entry)
-
-
-def target(app: Celery, by: str | None) -> controls.Target:
-    settings = BeatSettings.from_app(app)
-    return controls.Target(settings.settings.tables, namespace(app), by or ops.operator())
 
 
 @dataclass(frozen=True)
@@ -111,13 +70,3 @@ def checked(slot: str) -> str:
         return checked_slot("--slot", slot)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="--slot") from None
-
-
-def send(app: Celery, entry: Any, slot: str) -> str:
-    """Publish ``entry``'s task as beat would, with ``slot`` and the entry's name in its
-    headers (so that the worker locks it as the entry's), marked as sent by hand: a slot
-    asked for by name is neither superseded by newer slots nor late; the task id."""
-    headers = {SLOT_HEADER: slot, ENTRY_HEADER: entry.name, MANUAL_HEADER: True}
-    view = EntryWithHeaders(entry, headers)
-    sent = app.send_task(entry.task, args=entry.args, kwargs=entry.kwargs, **view.options)
-    return str(sent.id)

@@ -25,7 +25,8 @@ from celery_pglock.cli.common import (
     reported_errors,
     session,
 )
-from celery_pglock.cli.entries import BY_HELP, Delivery, Schedule, target
+from celery_pglock.cli.entries import BY_HELP, Delivery
+from celery_pglock.steering.apps import Schedule, target
 
 BACKFILL_LIMIT = 100  # slots per backfill unless --limit says more
 DAY = timedelta(days=1)
