@@ -14,9 +14,7 @@ from datetime import datetime, timedelta
 import click
 from celery import Celery
 
-from celery_pglock import controls, ops, retention
-from celery_pglock.beat.freshness import Freshness, entries_freshness
-from celery_pglock.beat.settings import BeatSettings
+from celery_pglock import ops, retention
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     EXIT_NOT_FOUND,
@@ -32,11 +30,12 @@ from celery_pglock.cli.common import (
 from celery_pglock.cli.controls import pause, resume, trigger, why
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.config import app_settings
-from celery_pglock.errors import ConfigurationError, NotPgLockScheduler
+from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
-from celery_pglock.steering.apps import Schedule, known_lock_names, namespace, registered_tasks
+from celery_pglock.steering import reads
+from celery_pglock.steering.apps import namespace
 
 # -- commands -----------------------------------------------------------------------------
 
@@ -61,17 +60,13 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
         if lock is not None:
             _one_lock_status(conn, tables, app, resolve_lock(app, lock), as_json)
             return
-        known = known_lock_names(app)
-        found = ops.status(
-            conn, tables, namespace=namespace(app), known_names=known, limits=known, skips=skips
-        )
-        paused = controls.pauses(conn, controls.Target(tables, found.namespace, ops.operator()))
-        fresh = _freshness(app, conn)
-    tasks = registered_tasks(app)
+        view = reads.status(app, conn, tables, skips=skips)
+    if view.note:
+        click.echo(view.note, err=True)
     if as_json:
-        payload = {**found.as_json(), "paused": paused, "tasks": tasks}
-        output.echo_json({**payload, "freshness": [output.freshness_row(f) for f in fresh]})
+        output.echo_json(view.as_json())
         return
+    found, fresh = view.found, view.fresh
     where = tables.table("*").as_string()
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
     parts = [output.freshness_text(fresh)] if fresh else []  # overdue entries first
@@ -79,23 +74,10 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
     parts += [output.locks_text(found.locks)]
     parts += [output.waiting_text(found.waiting)] if found.waiting else []
     parts += [output.beat_text(found.beat)]
-    parts += [output.pauses_text(paused)] if paused else []
+    parts += [output.pauses_text(view.paused)] if view.paused else []
     parts += [output.running_text(found.running), output.skips_text(found.skips)]
-    parts += [output.tasks_text(tasks)]
+    parts += [output.tasks_text(view.tasks)]
     click.echo("\n\n".join(parts))
-
-
-def _freshness(app: Celery, conn: Connection) -> list[Freshness]:
-    """Entries with ``pglock_overdue_after``, overdue first; none without a PgLockScheduler."""
-    try:
-        schedule = Schedule(app)
-    except NotPgLockScheduler:
-        return []
-    except Exception as exc:  # noqa: BLE001 - an optional section never costs the status
-        click.echo(f"(freshness not shown: the beat schedule did not load: {exc})", err=True)
-        return []
-    settings = BeatSettings.from_app(app)
-    return entries_freshness(conn, settings, schedule.entries.values(), schedule.lock_name)
 
 
 def _one_lock_status(

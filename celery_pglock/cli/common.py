@@ -34,11 +34,10 @@ from celery_pglock.errors import (
     WaitEnded,
 )
 from celery_pglock.failures import boundary
-from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection, connect
 from celery_pglock.startup import wait_for_postgres
-from celery_pglock.steering.apps import task_lock_name
+from celery_pglock.steering.apps import lock_of
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -114,10 +113,9 @@ def current_app(ctx: click.Context) -> Celery:
 def resolve_lock(app: Celery, name: str) -> str:
     """A lock name, or a registered task name turned into its lock name."""
     try:
-        lock_key(name)
-    except (TypeError, ValueError) as exc:
+        return lock_of(app, name)
+    except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="NAME") from None
-    return task_lock_name(app, name) or name
 
 
 def tables_of(app: Celery) -> Tables:

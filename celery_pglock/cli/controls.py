@@ -7,33 +7,23 @@ periodic tasks by name). The commands are thin shells around ``celery_pglock.con
 
 from __future__ import annotations
 
-import difflib
-from datetime import datetime, timedelta, timezone
-from typing import Any
-
 import click
-from celery import Celery
 
-from celery_pglock import controls, ops, slots
+from celery_pglock import controls, ops
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     NotFound,
-    Refused,
     current_app,
     json_option,
     reported_errors,
     resolve_lock,
     session,
-    tables_of,
 )
 from celery_pglock.cli.entries import BY_HELP, Delivery, checked
-from celery_pglock.ops import Row
-from celery_pglock.sessions import Connection
+from celery_pglock.steering import reads
 from celery_pglock.steering.apps import (
     Schedule,
-    app_tasks,
-    schedule_or_none,
     send,
     target,
 )
@@ -146,47 +136,9 @@ def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
     """Everything known about one slot of NAME (a beat entry, a task or a lock name):
     was it due, claimed and sent, every attempt and skip, the lock's holder, the audit."""
     app = current_app(ctx)
-    with reported_errors():
-        schedule = schedule_or_none(app)
-        entry = schedule.entries.get(name) if schedule else None
-        lock = schedule.lock_name(entry) if schedule and entry else resolve_lock(app, name)
-        with session(app) as (conn, _):
-            found = controls.why(
-                conn, target(app, None), lock_name=lock, slot=slot, entry=name if entry else None
-            )
-            if entry is None and not _known(app, conn, name, lock, found):
-                near = difflib.get_close_matches(name, _names(app, schedule), n=3, cutoff=0.5)
-                hint = f": did you mean {', '.join(near)}?" if near else ""
-                raise Refused(f"no beat entry, task or lock {name!r} has any slot{hint}")
-    found["due"] = _due(entry, slot, app) if entry is not None else None
+    with reported_errors(), session(app) as (conn, _):
+        found = reads.why(app, conn, name, slot, resolve=lambda given: resolve_lock(app, given))
     if as_json:
         output.echo_json(ops.jsonable(found))
         return
     click.echo(output.why_text(found))
-
-
-def _known(app: Celery, conn: Connection, name: str, lock: str, found: Row) -> bool:
-    """Whether ``name`` is something this app or its ledger knows, whatever the slot."""
-    if name in app_tasks(app) or lock != name or found["run"] or found["skips"] or found["sends"]:
-        return True
-    return controls.lock_has_rows(conn, tables_of(app), lock)
-
-
-def _names(app: Celery, schedule: Schedule | None) -> list[str]:
-    entries = list(schedule.entries) if schedule else []
-    return entries + [task for task in app_tasks(app) if not task.startswith("celery.")]
-
-
-def _due(entry: Any, slot: str, app: Celery) -> str:
-    """Whether ``slot`` is an occurrence of the entry's schedule, and when it fell due."""
-    try:
-        moment = slots.parse_slot(slot)
-    except ValueError:
-        return "not a time slot: sent by hand (trigger, or a caller's own slot)"
-    align = BeatSettings.from_app(app).align_intervals
-    found = slots.next_occurrence(
-        entry.schedule, moment - timedelta(seconds=1), align_intervals=align
-    )
-    if found is None or slots.format_slot(found) != slot:
-        return f"no: not an occurrence of {entry.schedule!r}"
-    return "yes" if found <= datetime.now(timezone.utc) else "not yet"

@@ -316,19 +316,6 @@ def _run_summary(run: Row | None) -> str:
     return f"{run['state']}{attempts}{token}{task}{where}{timing}"
 
 
-def freshness_row(fresh: Any) -> Row:
-    """One entry's freshness (``beat.freshness.Freshness``) as JSON-ready data."""
-    return {
-        "entry": fresh.entry,
-        "overdue_after": fresh.overdue_after,
-        "overdue_seconds": fresh.overdue_by,
-        "first_pending": fresh.first_pending,
-        "last_success": fresh.last_success,
-        "last_success_at": fresh.last_success_at,
-        "last_due": fresh.last_due,
-    }
-
-
 def freshness_text(found: list[Any]) -> str:
     headers = ("ENTRY", "OVERDUE BY", "NOT SUCCEEDED SINCE", "LAST SUCCESS", "LAST DUE")
     rows = [

@@ -20,6 +20,7 @@ from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.config import namespace_of
 from celery_pglock.errors import ConfigurationError, NotPgLockScheduler, UnknownEntry
+from celery_pglock.keys import lock_key
 from celery_pglock.messages import BUILTIN_PREFIX, ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER
 from celery_pglock.names import fixed_lock_name
 from celery_pglock.task import PgLockMixin
@@ -98,6 +99,15 @@ def known_lock_names(app: Celery) -> dict[str, int]:
         if name and isinstance(task, PgLockMixin):
             found[name] = max(found.get(name, 1), task.pglock_options().concurrency)
     return dict(sorted(found.items()))
+
+
+def lock_of(app: Celery, name: str) -> str:
+    """A lock name, or a registered task name turned into its lock name."""
+    try:
+        lock_key(name)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(str(exc)) from None
+    return task_lock_name(app, name) or name
 
 
 class Schedule:
