@@ -41,6 +41,9 @@ TABLE_OBJECTS = (
     "beat_sends_claimed_idx",
     "runs_state_check",
     "audit_slot_idx",
+    "runs_lock_created_idx",
+    "skips_lock_at_idx",
+    "audit_namespace_idx",
 )
 # Functions: schema-qualified and prefixed like the tables.
 FUNCTIONS = (
@@ -60,6 +63,7 @@ QUERY_FILES = (
     "waiting_queries.sql",
     "schema_queries.sql",
     "connection_queries.sql",
+    "web_queries.sql",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 

@@ -1,0 +1,265 @@
+"""What the dashboard shows of the ledger: every entry at a glance (``overview``), one
+entry's history over a window (``entry_history``), the audit trail (``audit_trail``).
+
+Rows come from ``sql/web_queries.sql`` through the indexes of migration 10: the newest
+rows of a lock name by creation time, whatever their slot's name (a time, ``manual:…``,
+a caller's own), so that no slot is left out for not looking like a time. The strip of an
+entry is its last ``STRIP`` slots: those its schedule says fell due (one with no row is
+``missed``) and those sent by hand, in time order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery.schedules import crontab, schedule, solar
+
+from celery_pglock import controls, ops, preview, slots
+from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.ops import Row, fetch
+from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection
+from celery_pglock.steering.apps import Schedule, known_lock_names, namespace
+from celery_pglock.steering.reads import freshness, freshness_row
+
+STRIP = 48  # slots per entry on the overview
+STATS_WINDOW = timedelta(hours=24)
+TIMELINE_LIMIT = 500  # bars drawn on an entry's timeline
+PAGE = 50  # rows per page of an entry's table
+SKIPS_LIMIT = 1000
+MISSED = "missed"  # a slot its schedule says fell due, with no row: never claimed
+NO_RECORD = "none"  # older than anything the ledger keeps of the entry
+
+
+def describe(sched: Any) -> str:
+    """A schedule in words: ``every 5 min``, ``cron 0 3 * * * (Europe/Paris)``, …"""
+    if isinstance(sched, crontab):
+        names = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+        fields = " ".join(str(getattr(sched, f"_orig_{name}", "*")) for name in names)
+        return f"cron {fields} ({slots.schedule_zone(sched)})"
+    if isinstance(sched, solar):
+        return f"solar {sched.event} at {sched.lat}, {sched.lon}"
+    if isinstance(sched, schedule):
+        every: timedelta = getattr(sched, "run_every", timedelta(0))
+        return f"every {_span(every.total_seconds())}"
+    return repr(sched)
+
+
+def _span(seconds: float) -> str:
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{seconds:g} s"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One slot on an entry's strip."""
+
+    slot: str
+    at: datetime
+    state: str  # a run state, MISSED or NO_RECORD
+    row: Row | None
+
+    def as_json(self) -> Row:
+        row = self.row or {}
+        return {
+            "slot": self.slot,
+            "at": self.at,
+            "state": self.state,
+            "reason": row.get("reason"),
+            "attempts": row.get("attempts"),
+            "token": row.get("token"),
+            "host": row.get("host"),
+            "duration_seconds": row.get("duration_seconds"),
+            "skips": row.get("skips", 0),
+            "skip_reasons": row.get("skip_reasons", {}),
+        }
+
+
+def strip(
+    sched: Any, rows: list[Row], now: datetime, *, align: bool, size: int = STRIP
+) -> list[Cell]:
+    """The last ``size`` slots of an entry, oldest first: its rows, and the slots its
+    schedule says fell due that have none (``missed`` once the ledger knew the entry)."""
+    cells = {row["slot"]: Cell(row["slot"], _moment(row), row["state"], row) for row in rows}
+    oldest = min((_moment(row) for row in rows), default=None)
+    try:
+        due, _ = slots.slots_since(sched, now, "", limit=size, align_intervals=align)
+    except Exception:  # noqa: BLE001 - a schedule this library cannot walk: rows only
+        due = []
+    for slot in due:
+        if slot not in cells:
+            at = slots.parse_slot(slot)
+            state = MISSED if oldest is not None and at >= oldest else NO_RECORD
+            cells[slot] = Cell(slot, at, state, None)
+    return sorted(cells.values(), key=lambda cell: (cell.at, cell.slot))[-size:]
+
+
+def _moment(row: Row) -> datetime:
+    """When a row's slot was: its time, or when its row was made (a slot named by hand)."""
+    if slots.is_time_slot(row["slot"]):
+        return slots.parse_slot(row["slot"])
+    moment: datetime = row["created_at"]
+    return moment
+
+
+def _by_lock(rows: Iterable[Row]) -> dict[str, list[Row]]:
+    found: dict[str, list[Row]] = {}
+    for row in rows:
+        found.setdefault(row["lock_name"], []).append(row)
+    return found
+
+
+def overview(app: Any, conn: Connection, tables: Tables, *, now: datetime | None = None) -> Row:
+    """Every beat entry at a glance, overdue first; the beat replicas; rogue senders."""
+    now = now or datetime.now(timezone.utc)
+    entries = Schedule(app)
+    settings = BeatSettings.from_app(app)
+    ns = namespace(app)
+    known = known_lock_names(app)
+    status = ops.status(conn, tables, namespace=ns, known_names=known, limits=known, skips=0)
+    locks = {name: entries.lock_name(entry) for name, entry in entries.entries.items()}
+    params = {"lock_names": sorted(set(locks.values()))}
+    rows = _by_lock(fetch(conn, tables.query("web_strip"), {**params, "limit": STRIP}))
+    stats = {
+        row["lock_name"]: row
+        for row in fetch(conn, tables.query("web_stats"), {**params, "since": now - STATS_WINDOW})
+    }
+    successes = {
+        row["lock_name"]: row for row in fetch(conn, tables.query("web_last_success"), params)
+    }
+    paused = {row["entry"]: row for row in controls.pauses(conn, controls.Target(tables, ns, ""))}
+    fresh = {f.entry: freshness_row(f) for f in freshness(app, conn)[0]}
+    found = []
+    for name, entry in entries.entries.items():
+        lock = locks[name]
+        found.append(
+            _entry_row(
+                entry,
+                lock,
+                now=now,
+                cells=strip(
+                    entry.schedule, rows.get(lock, []), now, align=settings.align_intervals
+                ),
+                stats=stats.get(lock),
+                success=successes.get(lock),
+                paused=paused.get(name),
+                fresh=fresh.get(name),
+                align=settings.align_intervals,
+            )
+        )
+    found.sort(
+        key=lambda e: (e["overdue_seconds"] is None, -(e["overdue_seconds"] or 0), e["entry"])
+    )
+    return {
+        "namespace": ns,
+        "generated_at": now,
+        "entries": found,
+        "beat": status.beat,
+        "rogue_sends": status.rogue,
+    }
+
+
+def _entry_row(
+    entry: Any,
+    lock: str,
+    *,
+    now: datetime,
+    cells: list[Cell],
+    stats: Row | None,
+    success: Row | None,
+    paused: Row | None,
+    fresh: Row | None,
+    align: bool,
+) -> Row:
+    coming = preview.upcoming(entry.schedule, now, 1, align_intervals=align)
+    finished = success["finished_at"] if success else None
+    counted = (stats["succeeded"] + stats["failed"]) if stats else 0
+    return {
+        "entry": entry.name,
+        "task": entry.task,
+        "lock_name": lock,
+        "schedule": describe(entry.schedule),
+        "timezone": str(slots.schedule_zone(entry.schedule)),
+        "next_slot": coming[0].slot if coming else None,
+        "last_success": success["slot"] if success else None,
+        "last_success_at": finished,
+        "last_success_age_seconds": (now - finished).total_seconds() if finished else None,
+        "overdue_seconds": fresh["overdue_seconds"] if fresh else None,
+        "freshness": fresh,
+        "paused": paused,
+        "strip": [cell.as_json() for cell in cells],
+        "stats": {
+            "window_hours": STATS_WINDOW.total_seconds() / 3600,
+            "runs": stats["runs"] if stats else 0,
+            "succeeded": stats["succeeded"] if stats else 0,
+            "failed": stats["failed"] if stats else 0,
+            "success_rate": stats["succeeded"] / counted if stats and counted else None,
+            "p50_seconds": stats["p50_seconds"] if stats else None,
+            "p95_seconds": stats["p95_seconds"] if stats else None,
+        },
+    }
+
+
+def entry_history(
+    app: Any,
+    conn: Connection,
+    tables: Tables,
+    name: str,
+    *,
+    since: datetime,
+    until: datetime,
+    page: int = 0,
+) -> Row:
+    """One entry over ``[since, until)``: every row (the timeline's bars, newest first, at
+    most ``TIMELINE_LIMIT``), a page of them for the table, the skips and waiting slots,
+    its pause and its audit rows."""
+    entries = Schedule(app)
+    entry = entries.entry(name)
+    lock = entries.lock_name(entry)
+    window = {"lock_name": lock, "since": since, "until": until}
+    runs = fetch(
+        conn, tables.query("web_entry_runs"), {**window, "limit": TIMELINE_LIMIT, "offset": 0}
+    )
+    table = fetch(
+        conn, tables.query("web_entry_runs"), {**window, "limit": PAGE + 1, "offset": page * PAGE}
+    )
+    ns = namespace(app)
+    paused = [
+        p for p in controls.pauses(conn, controls.Target(tables, ns, "")) if p["entry"] == name
+    ]
+    return {
+        "entry": name,
+        "task": entry.task,
+        "lock_name": lock,
+        "schedule": describe(entry.schedule),
+        "since": since,
+        "until": until,
+        "runs": runs,
+        "page": page,
+        "rows": table[:PAGE],
+        "more": len(table) > PAGE,
+        "skips": fetch(conn, tables.query("web_entry_skips"), {**window, "limit": SKIPS_LIMIT}),
+        "waiting": fetch(conn, tables.query("web_entry_waiting"), {"lock_name": lock}),
+        "paused": paused[0] if paused else None,
+        "audit": audit_trail(conn, tables, ns, entry=name, lock_name=lock, limit=20),
+    }
+
+
+def audit_trail(
+    conn: Connection,
+    tables: Tables,
+    ns: str,
+    *,
+    entry: str | None = None,
+    lock_name: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[Row]:
+    """The namespace's audit rows, newest first (``entry``: its rows and its lock's)."""
+    params = {"namespace": ns, "entry": entry, "lock_name": lock_name, "limit": limit}
+    return fetch(conn, tables.query("web_audit"), {**params, "offset": offset})
