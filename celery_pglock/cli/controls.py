@@ -20,11 +20,10 @@ from celery_pglock.cli.common import (
     resolve_lock,
     session,
 )
-from celery_pglock.cli.entries import BY_HELP, Delivery, checked
-from celery_pglock.steering import reads
+from celery_pglock.cli.entries import BY_HELP, checked
+from celery_pglock.steering import reads, replay
 from celery_pglock.steering.apps import (
     Schedule,
-    send,
     target,
 )
 
@@ -82,7 +81,7 @@ def resume(ctx: click.Context, entry: str, catch_up: bool, by: str | None, as_js
             done = controls.resume(conn, target(app, by), entry, catch_up=limit)
             if done is None:
                 raise NotFound(f"{entry} is not paused")
-            delivery = Delivery(app, conn, tables, found, schedule.lock_name(found))
+            delivery = replay.Delivery(app, conn, tables, found, schedule.lock_name(found))
             outcomes = [delivery.run(slot) for slot in done["caught_up"]]
         done["outcomes"] = dict(zip(done["caught_up"], outcomes, strict=True))
     if as_json:
@@ -107,17 +106,12 @@ def trigger(
     with reported_errors():
         schedule = Schedule(app)
         found = schedule.entry(entry)
-        slot = checked(slot) if slot is not None else controls.manual_slot()
-        lock = schedule.lock_name(found)
+        slot = checked(slot) if slot is not None else None
         with session(app) as (conn, _):
-            done = controls.record_trigger(
-                conn, target(app, by), entry=entry, task=found.task, lock_name=lock, slot=slot
-            )
-        if done["send"]:
-            send(app, found, slot)
-    result = {**done, "entry": entry, "lock_name": lock, "slot": slot}
+            done = replay.trigger(app, conn, target(app, by), schedule, entry, slot=slot)
+    lock, slot = done["lock_name"], done["slot"]
     if as_json:
-        output.echo_json(ops.jsonable(result))
+        output.echo_json(ops.jsonable(done))
     elif done["send"]:
         click.echo(f"{entry}: sent {found.task} with slot {slot} (lock {lock})")
     else:

@@ -7,14 +7,12 @@ slots that never succeeded (the ledger says which), oldest first, at a bounded r
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import click
-from celery import Celery
 
-from celery_pglock import controls, ops, preview, slots
+from celery_pglock import controls, preview
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
@@ -25,7 +23,8 @@ from celery_pglock.cli.common import (
     reported_errors,
     session,
 )
-from celery_pglock.cli.entries import BY_HELP, Delivery
+from celery_pglock.cli.entries import BY_HELP
+from celery_pglock.steering import replay
 from celery_pglock.steering.apps import Schedule, target
 
 BACKFILL_LIMIT = 100  # slots per backfill unless --limit says more
@@ -126,13 +125,15 @@ def backfill(
     with reported_errors():
         entries = Schedule(app)
         found = entries.entry(entry)
-        wanted = _slots_between(app, found, start, end, limit)
+        wanted = replay.slots_between(app, found, start, end, limit)
+        if not wanted:
+            raise NotFound(f"{entry} has no slot in that range (see `pglock schedule --from`)")
         lock = entries.lock_name(found)
         with session(app, wait=not dry_run) as (conn, tables):
-            plan = _plan(controls.slot_rows(conn, tables, lock, wanted), wanted)
+            plan = replay.plan(controls.slot_rows(conn, tables, lock, wanted), wanted)
             if not dry_run:
-                delivery = Delivery(app, conn, tables, found, lock)
-                _send_plan(plan, delivery, rate)
+                delivery = replay.Delivery(app, conn, tables, found, lock)
+                replay.send_plan(plan, delivery, rate)
                 controls.audit(
                     conn,
                     target(app, by),
@@ -143,51 +144,6 @@ def backfill(
                     sent=[p["slot"] for p in plan if p["action"] == "send"],
                 )
     _report_backfill(entry, lock, plan, dry_run, as_json)
-
-
-def _slots_between(
-    app: Celery, entry: Any, start: datetime, end: datetime, limit: int
-) -> list[str]:
-    align = BeatSettings.from_app(app).align_intervals
-    found: list[str] = []
-    point: datetime | None = start - timedelta(microseconds=1)
-    while point is not None:
-        point = slots.next_occurrence(entry.schedule, point, align_intervals=align)
-        if point is None or point > end:
-            break
-        if len(found) == limit:
-            raise Refused(
-                f"{start:%Y-%m-%dT%H:%M:%SZ}..{end:%Y-%m-%dT%H:%M:%SZ} holds more than "
-                f"--limit {limit} slots of {entry.name}: narrow the range or raise --limit"
-            )
-        found.append(slots.format_slot(point))
-    if not found:
-        raise NotFound(f"{entry.name} has no slot in that range (see `pglock schedule --from`)")
-    return found
-
-
-def _plan(rows: dict[str, ops.Row], wanted: list[str]) -> list[dict[str, Any]]:
-    plan = []
-    for slot in wanted:
-        row = rows.get(slot)
-        state = row["state"] if row else None
-        if state in ("succeeded", "running"):
-            why = f"{state} (token {row['token']})" if row else state
-            plan.append({"slot": slot, "action": "skip", "why": why})
-        else:
-            why = f"was {state}" + (f" ({row['reason']})" if row and row["reason"] else "")
-            plan.append({"slot": slot, "action": "send", "why": why if row else "never ran"})
-    return plan
-
-
-def _send_plan(plan: list[dict[str, Any]], delivery: Delivery, rate: float) -> None:
-    next_send = 0.0
-    for item in plan:
-        if item["action"] != "send":
-            continue
-        time.sleep(max(0.0, next_send - time.monotonic()))
-        next_send = time.monotonic() + 1 / rate
-        item["outcome"] = delivery.run(item["slot"])
 
 
 def _report_backfill(
@@ -220,7 +176,7 @@ def rerun(
     app = current_app(ctx)
     with reported_errors():
         entries = Schedule(app)
-        entry, lock_name = _entry_of(entries, lock)
+        entry, lock_name = replay.entry_of(entries, lock)
         with session(app, wait=True) as (conn, tables):
             previous = controls.reopen(
                 conn, target(app, by), lock_name=lock_name, slot=slot, reason=reason
@@ -230,7 +186,7 @@ def rerun(
                     f"slot {slot} of {lock_name} has not succeeded: nothing to run again "
                     "(send it with `pglock trigger --slot` or `pglock backfill`)"
                 )
-            outcome = Delivery(app, conn, tables, entry, lock_name).run(slot)
+            outcome = replay.Delivery(app, conn, tables, entry, lock_name).run(slot)
             row = controls.run_row(conn, tables, lock_name, slot)
     result: dict[str, Any] = {"lock_name": lock_name, "slot": slot, "previous": previous}
     result["outcome"] = outcome
@@ -241,18 +197,4 @@ def rerun(
     click.echo(
         f"{lock_name} slot {slot}: ran again, {outcome} with token {result['token']} "
         f"(before: token {previous['token']}, finished {output.when(previous['finished_at'])})"
-    )
-
-
-def _entry_of(entries: Schedule, name: str) -> tuple[Any, str]:
-    """The beat entry behind ``name`` (an entry's name, or the lock name of one)."""
-    if name in entries.entries:
-        entry = entries.entries[name]
-        return entry, entries.lock_name(entry)
-    for entry in entries.entries.values():
-        if entries.lock_name(entry) == name:
-            return entry, name
-    raise Refused(
-        f"{name!r} is neither a beat entry nor the lock of one: rerun sends an entry's task "
-        f"again (entries: {', '.join(sorted(entries.entries)) or '(none)'})"
     )
