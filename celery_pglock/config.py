@@ -72,6 +72,10 @@ APP_DEFAULTS: Mapping[str, Any] = {
     # Operations.
     "pglock_ledger_retention": None,
     "pglock_metrics": False,
+    # The web dashboard: who may act (basic auth, or a bearer token); reading needs none.
+    "pglock_web_user": None,
+    "pglock_web_password": None,
+    "pglock_web_token": None,
 }
 
 #: Options that ask for overlap protection: declared on a task (or app-wide), they give
@@ -458,4 +462,20 @@ def app_settings(app: Any) -> Settings:
     found = _app_settings.get(app)
     if found is None:
         found = _app_settings[app] = Settings.from_conf(app.conf)
+    return found
+
+
+def web_credentials(
+    conf: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """Who may act on the web dashboard: ``user`` with ``password`` (basic auth) and/or a
+    bearer ``token``, from the app's settings, else ``PGLOCK_WEB_USER``,
+    ``PGLOCK_WEB_PASSWORD`` and ``PGLOCK_WEB_TOKEN``; empty: nobody (read-only)."""
+    found = {}
+    for name in ("user", "password", "token"):
+        value = setting(conf, f"pglock_web_{name}") or environ.get(f"PGLOCK_WEB_{name.upper()}")
+        if value:
+            found[name] = _text(value, f"pglock_web_{name}")
+    if ("user" in found) != ("password" in found):
+        raise ConfigurationError("pglock_web_user and pglock_web_password go together: set both")
     return found

@@ -29,6 +29,7 @@ from celery_pglock.cli.common import (
 )
 from celery_pglock.cli.controls import pause, resume, trigger, why
 from celery_pglock.cli.replay import backfill, rerun, schedule
+from celery_pglock.cli.web import web
 from celery_pglock.config import app_settings
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
@@ -232,5 +233,5 @@ def _report_release(name: str, done: ops.ForcedRelease | None, as_json: bool) ->
         raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
-for command in (pause, resume, trigger, why, schedule, backfill, rerun):
+for command in (pause, resume, trigger, why, schedule, backfill, rerun, web):
     pglock.add_command(command)

@@ -32,6 +32,7 @@ PAGE = 50  # rows per page of an entry's table
 SKIPS_LIMIT = 1000
 MISSED = "missed"  # a slot its schedule says fell due, with no row: never claimed
 NO_RECORD = "none"  # older than anything the ledger keeps of the entry
+GRACE = timedelta(seconds=5)  # a slot due this recently may not have its row yet
 
 
 def describe(sched: Any) -> str:
@@ -88,7 +89,7 @@ def strip(
     cells = {row["slot"]: Cell(row["slot"], _moment(row), row["state"], row) for row in rows}
     oldest = min((_moment(row) for row in rows), default=None)
     try:
-        due, _ = slots.slots_since(sched, now, "", limit=size, align_intervals=align)
+        due, _ = slots.slots_since(sched, now - GRACE, "", limit=size, align_intervals=align)
     except Exception:  # noqa: BLE001 - a schedule this library cannot walk: rows only
         due = []
     for slot in due:

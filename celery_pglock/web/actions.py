@@ -1,0 +1,232 @@
+"""The dashboard's buttons: pause, resume, trigger, rerun, backfill, release a lock.
+
+Each is a POST, twice: first ``step=review`` (what would happen: a backfill's dry run,
+the holder a release would end), then ``step=confirm`` from the confirmation page. Both
+need an identity allowed to act (never anonymous), a CSRF token made for that identity,
+and an Origin (or Referer) of this dashboard; a refused request changes nothing. Each
+calls the function the CLI calls (``celery_pglock.controls``, ``steering.replay``) and is
+audited with the web user (``web:<user>``).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from werkzeug.routing import MapAdapter
+from werkzeug.wrappers import Request, Response
+
+from celery_pglock import controls, ops
+from celery_pglock.config import app_settings
+from celery_pglock.errors import ConfigurationError
+from celery_pglock.failures import boundary
+from celery_pglock.messages import checked_slot
+from celery_pglock.sessions import connect
+from celery_pglock.steering import replay
+from celery_pglock.steering.apps import Schedule, namespace, send
+from celery_pglock.web.security import Identity, same_origin
+
+if TYPE_CHECKING:
+    from celery_pglock.web.app import Dashboard
+
+KINDS = ("pause", "resume", "trigger", "rerun", "backfill", "release")
+BACKFILL_LIMIT = 100
+BACKFILL_RATE = 1.0  # slots per second
+
+
+def handle(
+    board: Dashboard, request: Request, urls: MapAdapter, identity: Identity, kind: str
+) -> Response:
+    """Check who asks and how, then review or do ``kind``."""
+    if kind not in KINDS:
+        return board._error(request, urls, identity, 404, f"no action {kind!r}")
+    if not identity.can_act:
+        response = board._error(
+            request,
+            urls,
+            identity,
+            401,
+            "Actions need credentials (pglock_web_user and pglock_web_password, or "
+            "pglock_web_token) and a user allowed to act.",
+        )
+        if board.actions_configured:
+            response.headers["WWW-Authenticate"] = 'Basic realm="celery-pglock", charset="UTF-8"'
+        return response
+    if not same_origin(
+        request.headers.get("Origin"), request.headers.get("Referer"), request.host_url
+    ):
+        return board._error(
+            request, urls, identity, 403, "Refused: the request did not come from this dashboard."
+        )
+    if not board.csrf.check(identity, request.form.get("csrf")):
+        return board._error(
+            request,
+            urls,
+            identity,
+            403,
+            "Refused: the form's token is missing, wrong or expired; reload the page.",
+        )
+    fields = {
+        key: request.form.get(key, "").strip()
+        for key in request.form
+        if key not in ("csrf", "step")
+    }
+    if request.form.get("step") == "confirm":
+        done = _do(board, identity, kind, fields)
+        return board._page(
+            request, urls, identity, "done.html", kind=kind, fields=fields, done=done
+        )
+    preview = _review(board, kind, fields)
+    return board._page(
+        request, urls, identity, "confirm.html", kind=kind, fields=fields, preview=preview
+    )
+
+
+def _target(board: Dashboard, identity: Identity) -> controls.Target:
+    return controls.Target(app_settings(board.app).tables, namespace(board.app), identity.actor)
+
+
+def _required(fields: dict[str, str], name: str, what: str) -> str:
+    if not fields.get(name):
+        raise ConfigurationError(f"{what} is required")
+    return fields[name]
+
+
+def _review(board: Dashboard, kind: str, fields: dict[str, str]) -> dict[str, Any]:
+    """What ``kind`` would do with ``fields``; nothing is changed."""
+    if kind == "release":
+        name = _lock_in_namespace(board, _required(fields, "lock", "the lock's name"))
+        with board.session() as (conn, tables):
+            return {"holders": ops.holders(conn, tables, name)}
+    schedule = Schedule(board.app)
+    if kind == "rerun":
+        _required(fields, "reason", "a reason")
+        entry, lock = replay.entry_of(schedule, _required(fields, "entry", "the entry"))
+        slot = checked_slot("slot", _required(fields, "slot", "the slot"))
+        with board.session() as (conn, tables):
+            return {"row": controls.run_row(conn, tables, lock, slot), "lock_name": lock}
+    entry = schedule.entry(_required(fields, "entry", "the entry"))
+    if kind == "backfill":
+        return {
+            "plan": _plan(board, schedule, entry, fields),
+            "lock_name": schedule.lock_name(entry),
+        }
+    return {"lock_name": schedule.lock_name(entry)}
+
+
+def _plan(
+    board: Dashboard, schedule: Schedule, entry: Any, fields: dict[str, str]
+) -> list[dict[str, Any]]:
+    start = _moment(_required(fields, "from", "from"))
+    end = _moment(_required(fields, "to", "to"))
+    if end < start:
+        raise ConfigurationError("to is before from: swap them")
+    wanted = replay.slots_between(board.app, entry, start, end, BACKFILL_LIMIT)
+    if not wanted:
+        raise ConfigurationError(f"{entry.name} has no slot in that range")
+    with board.session() as (conn, tables):
+        rows = controls.slot_rows(conn, tables, schedule.lock_name(entry), wanted)
+    return replay.plan(rows, wanted)
+
+
+def _moment(text: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigurationError(f"{text!r} is not an ISO-8601 time") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def _lock_in_namespace(board: Dashboard, name: str) -> str:
+    prefix = f"{namespace(board.app)}:"
+    if not name.startswith(prefix):
+        raise ConfigurationError(f"{name!r} is outside this app's namespace {prefix!r}")
+    return name
+
+
+def _do(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str]) -> dict[str, Any]:
+    """Do ``kind``: the same functions as the CLI, audited as ``web:<user>``."""
+    target = _target(board, identity)
+    if kind == "release":
+        name = _lock_in_namespace(board, _required(fields, "lock", "the lock's name"))
+        with board.session() as (conn, tables):
+            done = ops.force_release(conn, tables, name)
+            if done is None:
+                raise ConfigurationError(f"lock {name!r} is not held")
+            controls.audit(conn, target, "release", lock_name=name, terminated=done.terminated)
+        return done.as_json()
+    schedule = Schedule(board.app)
+    if kind == "rerun":
+        return _rerun(board, target, schedule, fields)
+    entry = _required(fields, "entry", "the entry")
+    found = schedule.entry(entry)
+    if kind == "backfill":
+        return _backfill(board, target, schedule, found, fields)
+    with board.session() as (conn, _):
+        if kind == "pause":
+            return controls.pause(conn, target, entry, fields.get("reason") or None)
+        if kind == "resume":
+            ended = controls.resume(conn, target, entry, catch_up=0)
+            if ended is None:
+                raise ConfigurationError(f"{entry} is not paused")
+            return ended
+        return replay.trigger(board.app, conn, target, schedule, entry)
+
+
+def _rerun(
+    board: Dashboard, target: controls.Target, schedule: Schedule, fields: dict[str, str]
+) -> dict[str, Any]:
+    reason = _required(fields, "reason", "a reason")
+    entry, lock = replay.entry_of(schedule, _required(fields, "entry", "the entry"))
+    slot = checked_slot("slot", _required(fields, "slot", "the slot"))
+    with board.session() as (conn, _):
+        previous = controls.reopen(conn, target, lock_name=lock, slot=slot, reason=reason)
+    if previous is None:
+        raise ConfigurationError(f"slot {slot} of {lock} has not succeeded: nothing to run again")
+    task_id = send(board.app, entry, slot)
+    return {"lock_name": lock, "slot": slot, "previous": previous, "task_id": task_id}
+
+
+def _backfill(
+    board: Dashboard,
+    target: controls.Target,
+    schedule: Schedule,
+    entry: Any,
+    fields: dict[str, str],
+) -> dict[str, Any]:
+    """Audit the backfill now, then send its slots one at a time, each once the one
+    before ended, in the background (as ``celery pglock backfill`` does in the foreground)."""
+    found = _plan(board, schedule, entry, fields)
+    lock = schedule.lock_name(entry)
+    sending = [item["slot"] for item in found if item["action"] == "send"]
+    with board.session() as (conn, _):
+        controls.audit(
+            conn,
+            target,
+            "backfill",
+            entry=entry.name,
+            lock_name=lock,
+            range=[fields["from"], fields["to"]],
+            sent=sending,
+        )
+    thread = threading.Thread(
+        target=_send_in_background,
+        args=(board, entry, lock, found),
+        name="pglock-web-backfill",
+        daemon=True,
+    )
+    thread.start()
+    return {"entry": entry.name, "lock_name": lock, "slots": found, "sending": sending}
+
+
+def _send_in_background(
+    board: Dashboard, entry: Any, lock: str, found: list[dict[str, Any]]
+) -> None:
+    settings = app_settings(board.app)
+    conn = connect(settings, application_name="celery-pglock web backfill")
+    with conn, boundary(settings, conn):
+        delivery = replay.Delivery(board.app, conn, settings.tables, entry, lock)
+        replay.send_plan(found, delivery, BACKFILL_RATE)

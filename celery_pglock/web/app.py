@@ -1,0 +1,315 @@
+"""The dashboard as a WSGI application: pages (server-rendered HTML, inline SVG, no
+JavaScript), their JSON twins under ``/api/``, and the actions (``web/actions.py``).
+
+Each request opens its own labelled session (JIT off: a named statement), reads through
+``celery_pglock.steering`` and closes it. Every page and response carries the headers of
+``web/security.py``; templates escape every value (Jinja2's autoescape), so a beat entry
+named ``<script>…`` shows as text. No DSN or password is ever rendered: errors are the
+library's, which never hold one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from importlib import resources
+from typing import Any
+
+from celery import Celery
+from jinja2 import Environment, PackageLoader
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.routing import Map, MapAdapter, Rule
+from werkzeug.wrappers import Request, Response
+
+from celery_pglock import ops
+from celery_pglock.config import app_settings, web_credentials
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    PgLockError,
+    SchemaMissing,
+    UnknownEntry,
+)
+from celery_pglock.failures import boundary
+from celery_pglock.schema import Tables, statement
+from celery_pglock.sessions import Connection, connect
+from celery_pglock.steering import history, reads
+from celery_pglock.steering.apps import namespace
+from celery_pglock.web import actions, svg
+from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
+
+Identify = Callable[[Request], Identity]
+LABEL = "celery-pglock web"
+MAX_HOURS = 24 * 31
+REFRESH_CHOICES = (0, 10, 30, 60)
+
+URLS = Map(
+    [
+        Rule("/", endpoint="overview"),
+        Rule("/entry/<path:name>", endpoint="entry"),
+        Rule("/slot", endpoint="slot"),
+        Rule("/locks", endpoint="locks"),
+        Rule("/audit", endpoint="audit"),
+        Rule("/api/overview", endpoint="api_overview"),
+        Rule("/api/entry/<path:name>", endpoint="api_entry"),
+        Rule("/api/slot", endpoint="api_slot"),
+        Rule("/api/locks", endpoint="api_locks"),
+        Rule("/api/audit", endpoint="api_audit"),
+        Rule("/action/<kind>", endpoint="action", methods=["POST"]),
+        Rule("/static/style.css", endpoint="style"),
+    ],
+    strict_slashes=False,
+)
+
+
+class Dashboard:
+    """The WSGI application (``make_app``). ``identify``: who a request comes from and
+    what they may do (standalone: the configured credentials; Django: its users)."""
+
+    def __init__(self, app: Celery, *, identify: Identify | None = None, csrf: Csrf | None = None):
+        self.app = app
+        self.csrf = csrf or Csrf()
+        if identify is None:
+            credentials = Credentials(web_credentials(app.conf))
+            self.actions_configured = credentials.configured
+            identify = _standalone(credentials)
+        else:
+            self.actions_configured = True
+        self.identify = identify
+        self.templates = Environment(
+            loader=PackageLoader("celery_pglock.web", "templates"), autoescape=True
+        )
+        self.templates.filters.update(when=_when, age=_age, seconds=_seconds, pretty=_pretty)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        request = Request(environ)
+        response = self.respond(request, self.identify(request))
+        return response(environ, start_response)
+
+    def respond(self, request: Request, identity: Identity) -> Response:
+        """The response to ``request`` from ``identity``, with the security headers."""
+        urls = URLS.bind_to_environ(request.environ)
+        try:
+            endpoint, values = urls.match()
+            if not identity.can_read:
+                response = self._page(
+                    request,
+                    urls,
+                    identity,
+                    "error.html",
+                    status=403,
+                    message="You may not read this dashboard.",
+                )
+            else:
+                response = getattr(self, f"on_{endpoint}")(request, urls, identity, **values)
+        except UnknownEntry as exc:
+            response = self._error(request, urls, identity, 404, str(exc))
+        except SchemaMissing as exc:
+            response = self._error(request, urls, identity, 404, str(exc))
+        except ConfigurationError as exc:
+            response = self._error(request, urls, identity, 400, str(exc))
+        except DatabaseUnavailable as exc:
+            response = self._error(request, urls, identity, 503, str(exc))
+        except PgLockError as exc:
+            response = self._error(request, urls, identity, 500, str(exc))
+        except MethodNotAllowed as exc:
+            response = self._error(request, urls, identity, 405, "Actions are POST only.")
+            response.headers["Allow"] = ", ".join(exc.valid_methods or ())
+        except NotFound:
+            response = self._error(request, urls, identity, 404, "No such page.")
+        except HTTPException as exc:
+            response = self._error(request, urls, identity, exc.code or 500, exc.description or "")
+        response.headers.update(HEADERS)
+        return response
+
+    # -- the session ---------------------------------------------------------------------
+
+    @contextmanager
+    def session(self) -> Iterator[tuple[Connection, Tables]]:
+        settings = app_settings(self.app)
+        conn = connect(settings, application_name=LABEL)
+        with conn, boundary(settings, conn):
+            conn.execute(statement("web_jit_off"))
+            yield conn, settings.tables
+
+    # -- pages ---------------------------------------------------------------------------
+
+    def on_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        with self.session() as (conn, tables):
+            found = history.overview(self.app, conn, tables)
+        for entry in found["entries"]:
+            entry["cells"] = svg.strip_cells(entry["strip"])
+        width = svg.strip_width(history.STRIP)
+        return self._page(
+            request, urls, identity, "overview.html", found=found, strip_width=width, cell=svg.CELL
+        )
+
+    def on_api_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        with self.session() as (conn, tables):
+            return _json(history.overview(self.app, conn, tables))
+
+    def _entry(self, request: Request, name: str) -> dict[str, Any]:
+        hours = min(MAX_HOURS, max(1, _int(request.args.get("hours"), 24)))
+        page = max(0, _int(request.args.get("page"), 0))
+        until = datetime.now(timezone.utc)
+        since = until - timedelta(hours=hours)
+        with self.session() as (conn, tables):
+            found = history.entry_history(
+                self.app, conn, tables, name, since=since, until=until, page=page
+            )
+        found["hours"] = hours
+        return found
+
+    def on_entry(
+        self, request: Request, urls: MapAdapter, identity: Identity, name: str
+    ) -> Response:
+        found = self._entry(request, name)
+        drawn = svg.timeline(
+            found["runs"],
+            found["skips"],
+            found["waiting"],
+            since=found["since"],
+            until=found["until"],
+        )
+        return self._page(request, urls, identity, "entry.html", found=found, timeline=drawn)
+
+    def on_api_entry(
+        self, request: Request, urls: MapAdapter, identity: Identity, name: str
+    ) -> Response:
+        return _json(self._entry(request, name))
+
+    def _slot(self, request: Request) -> dict[str, Any]:
+        name, slot = request.args.get("name", ""), request.args.get("slot", "")
+        if not name or not slot:
+            raise ConfigurationError("give name (an entry, task or lock) and slot")
+        with self.session() as (conn, _):
+            return reads.why(self.app, conn, name, slot)
+
+    def on_slot(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        found = self._slot(request)
+        return self._page(
+            request, urls, identity, "slot.html", found=found, name=request.args.get("name")
+        )
+
+    def on_api_slot(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        return _json(self._slot(request))
+
+    def _status(self, request: Request) -> reads.StatusView:
+        skips = max(0, _int(request.args.get("skips"), 10))
+        with self.session() as (conn, tables):
+            return reads.status(self.app, conn, tables, skips=skips)
+
+    def on_locks(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        view = self._status(request)
+        return self._page(request, urls, identity, "locks.html", view=view, state=view.as_json())
+
+    def on_api_locks(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        return _json(self._status(request).as_json())
+
+    def _audit(self, request: Request) -> dict[str, Any]:
+        page = max(0, _int(request.args.get("page"), 0))
+        entry = request.args.get("entry") or None
+        with self.session() as (conn, tables):
+            rows = history.audit_trail(
+                conn,
+                tables,
+                namespace(self.app),
+                entry=entry,
+                lock_name=entry,
+                limit=history.PAGE + 1,
+                offset=page * history.PAGE,
+            )
+        return {
+            "page": page,
+            "entry": entry,
+            "rows": rows[: history.PAGE],
+            "more": len(rows) > history.PAGE,
+        }
+
+    def on_audit(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        return self._page(request, urls, identity, "audit.html", found=self._audit(request))
+
+    def on_api_audit(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        return _json(self._audit(request))
+
+    def on_style(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        text = resources.files("celery_pglock.web").joinpath("static/style.css").read_text()
+        return Response(text, mimetype="text/css")
+
+    def on_action(
+        self, request: Request, urls: MapAdapter, identity: Identity, kind: str
+    ) -> Response:
+        return actions.handle(self, request, urls, identity, kind)
+
+    # -- rendering -----------------------------------------------------------------------
+
+    def _page(
+        self,
+        request: Request,
+        urls: MapAdapter,
+        identity: Identity,
+        template: str,
+        *,
+        status: int = 200,
+        **context: Any,
+    ) -> Response:
+        refresh = _int(request.args.get("refresh"), 0)
+        html = self.templates.get_template(template).render(
+            url=urls.build,
+            identity=identity,
+            csrf=self.csrf.token(identity) if identity.can_act else "",
+            actions_configured=self.actions_configured,
+            refresh=refresh if refresh in REFRESH_CHOICES else 0,
+            namespace=namespace(self.app),
+            **context,
+        )
+        return Response(html, status=status, mimetype="text/html")
+
+    def _error(
+        self, request: Request, urls: MapAdapter, identity: Identity, status: int, message: str
+    ) -> Response:
+        if request.path.startswith("/api/"):
+            return _json({"error": message}, status=status)
+        return self._page(request, urls, identity, "error.html", status=status, message=message)
+
+
+def _standalone(credentials: Credentials) -> Identify:
+    def identify(request: Request) -> Identity:
+        return credentials.identify(request.headers.get("Authorization"))
+
+    return identify
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    text = json.dumps(ops.jsonable(payload), indent=2)
+    return Response(text, status=status, mimetype="application/json")
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "-"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(ops.jsonable(value), indent=1, sort_keys=True)
