@@ -7,18 +7,19 @@
 SET jit = off;
 
 -- name: web_strip
--- The newest `limit` ledger rows of each lock name, newest first, whatever their slot's
--- name (time slots, manual:…, a caller's own), with the skips of each slot by reason.
-SELECT l.lock_name, r.slot, r.state, r.attempts, r.token, r.task_id, r.host, r.pid,
+-- The newest `limit` ledger rows of each (lock name, entry), whatever their slot's name
+-- (time slots, manual:…, a caller's own), with the skips of each slot by reason. Entries
+-- of one task share its lock name: a row is an entry's when it names the entry, or none.
+SELECT l.lock_name, l.entry, r.slot, r.state, r.attempts, r.token, r.task_id, r.host, r.pid,
        r.reason, r.sent_by, r.created_at, r.scheduled_at, r.started_at, r.finished_at,
        extract(epoch FROM coalesce(r.finished_at, CASE WHEN r.state = 'running' THEN now() END)
                           - r.started_at)::float8 AS duration_seconds,
        coalesce(s.skips, 0) AS skips,
        coalesce(s.reasons, '{{}}'::jsonb) AS skip_reasons
-  FROM unnest(%(lock_names)s::text[]) AS l(lock_name)
+  FROM unnest(%(lock_names)s::text[], %(entries)s::text[]) AS l(lock_name, entry)
  CROSS JOIN LATERAL (
         SELECT * FROM {runs} x
-         WHERE x.lock_name = l.lock_name
+         WHERE x.lock_name = l.lock_name AND (x.entry = l.entry OR x.entry IS NULL)
          ORDER BY x.created_at DESC
          LIMIT %(limit)s
  ) r
@@ -28,12 +29,12 @@ SELECT l.lock_name, r.slot, r.state, r.attempts, r.token, r.task_id, r.host, r.p
                  WHERE k.lock_name = r.lock_name AND k.slot = r.slot
                  GROUP BY k.reason) g
  ) s ON true
- ORDER BY l.lock_name, r.created_at;
+ ORDER BY l.entry, r.created_at;
 
 -- name: web_stats
--- Per lock name, the runs created since `since`: how many, how they ended, and the 50th
+-- Per (lock name, entry), the runs created since `since`: how many, how they ended, and the 50th
 -- and 95th percentiles of the succeeded ones' durations (seconds).
-SELECT r.lock_name,
+SELECT l.entry,
        count(*)::integer AS runs,
        count(*) FILTER (WHERE r.state = 'succeeded')::integer AS succeeded,
        count(*) FILTER (WHERE r.state = 'failed')::integer AS failed,
@@ -41,23 +42,26 @@ SELECT r.lock_name,
            FILTER (WHERE r.state = 'succeeded') AS p50_seconds,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM r.finished_at - r.started_at))
            FILTER (WHERE r.state = 'succeeded') AS p95_seconds
-  FROM unnest(%(lock_names)s::text[]) AS l(lock_name)
+  FROM unnest(%(lock_names)s::text[], %(entries)s::text[]) AS l(lock_name, entry)
   JOIN {runs} r ON r.lock_name = l.lock_name AND r.created_at >= %(since)s
- GROUP BY r.lock_name;
+                AND (r.entry = l.entry OR r.entry IS NULL)
+ GROUP BY l.entry;
 
 -- name: web_last_success
--- The newest succeeded run of each lock name (none: not in the rows looked at).
-SELECT l.lock_name, r.slot, r.finished_at, r.token
-  FROM unnest(%(lock_names)s::text[]) AS l(lock_name)
+-- The newest succeeded run of each (lock name, entry).
+SELECT l.entry, r.slot, r.finished_at, r.token
+  FROM unnest(%(lock_names)s::text[], %(entries)s::text[]) AS l(lock_name, entry)
  CROSS JOIN LATERAL (
         SELECT x.slot, x.finished_at, x.token FROM {runs} x
          WHERE x.lock_name = l.lock_name AND x.state = 'succeeded'
+           AND (x.entry = l.entry OR x.entry IS NULL)
          ORDER BY x.created_at DESC
          LIMIT 1
  ) r;
 
 -- name: web_entry_runs
--- One lock name's ledger rows created in [since, until), newest first, a page of them.
+-- One entry's ledger rows (its lock name's, naming it or no entry) created in
+-- [since, until), newest first, a page of them.
 SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_id, r.task_name, r.host,
        r.pid, r.entry, r.reason, r.sent_by, r.created_at, r.scheduled_at, r.started_at,
        r.finished_at,
@@ -72,7 +76,7 @@ SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_id, r.task_name
                  WHERE k.lock_name = r.lock_name AND k.slot = r.slot
                  GROUP BY k.reason) g
   ) s ON true
- WHERE r.lock_name = %(lock_name)s
+ WHERE r.lock_name = %(lock_name)s AND (r.entry = %(entry)s OR r.entry IS NULL)
    AND r.created_at >= %(since)s AND r.created_at < %(until)s
  ORDER BY r.created_at DESC, r.slot
  LIMIT %(limit)s OFFSET %(offset)s;

@@ -108,10 +108,10 @@ def _moment(row: Row) -> datetime:
     return moment
 
 
-def _by_lock(rows: Iterable[Row]) -> dict[str, list[Row]]:
+def _by_entry(rows: Iterable[Row]) -> dict[str, list[Row]]:
     found: dict[str, list[Row]] = {}
     for row in rows:
-        found.setdefault(row["lock_name"], []).append(row)
+        found.setdefault(row["entry"], []).append(row)
     return found
 
 
@@ -124,15 +124,14 @@ def overview(app: Any, conn: Connection, tables: Tables, *, now: datetime | None
     known = known_lock_names(app)
     status = ops.status(conn, tables, namespace=ns, known_names=known, limits=known, skips=0)
     locks = {name: entries.lock_name(entry) for name, entry in entries.entries.items()}
-    params = {"lock_names": sorted(set(locks.values()))}
-    rows = _by_lock(fetch(conn, tables.query("web_strip"), {**params, "limit": STRIP}))
+    params = {"lock_names": list(locks.values()), "entries": list(locks)}
+    rows = _by_entry(fetch(conn, tables.query("web_strip"), {**params, "limit": STRIP}))
+    since = now - STATS_WINDOW
     stats = {
-        row["lock_name"]: row
-        for row in fetch(conn, tables.query("web_stats"), {**params, "since": now - STATS_WINDOW})
+        row["entry"]: row
+        for row in fetch(conn, tables.query("web_stats"), {**params, "since": since})
     }
-    successes = {
-        row["lock_name"]: row for row in fetch(conn, tables.query("web_last_success"), params)
-    }
+    successes = {row["entry"]: row for row in fetch(conn, tables.query("web_last_success"), params)}
     paused = {row["entry"]: row for row in controls.pauses(conn, controls.Target(tables, ns, ""))}
     fresh = {f.entry: freshness_row(f) for f in freshness(app, conn)[0]}
     found = []
@@ -144,10 +143,10 @@ def overview(app: Any, conn: Connection, tables: Tables, *, now: datetime | None
                 lock,
                 now=now,
                 cells=strip(
-                    entry.schedule, rows.get(lock, []), now, align=settings.align_intervals
+                    entry.schedule, rows.get(name, []), now, align=settings.align_intervals
                 ),
-                stats=stats.get(lock),
-                success=successes.get(lock),
+                stats=stats.get(name),
+                success=successes.get(name),
                 paused=paused.get(name),
                 fresh=fresh.get(name),
                 align=settings.align_intervals,
@@ -222,7 +221,7 @@ def entry_history(
     entries = Schedule(app)
     entry = entries.entry(name)
     lock = entries.lock_name(entry)
-    window = {"lock_name": lock, "since": since, "until": until}
+    window = {"lock_name": lock, "entry": name, "since": since, "until": until}
     runs = fetch(
         conn, tables.query("web_entry_runs"), {**window, "limit": TIMELINE_LIMIT, "offset": 0}
     )

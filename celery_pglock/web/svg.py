@@ -67,6 +67,7 @@ def timeline(
     waits, and how many bars overlap another in time (runs of one lock at once)."""
     now = now or datetime.now(timezone.utc)
     ordered = sorted(runs, key=lambda r: (r["created_at"], r["slot"]))
+    since = zoomed(since, until, [r["started_at"] or r["created_at"] for r in ordered])
     rows = {run["slot"]: n for n, run in enumerate(ordered)}
     extra = {s["slot"] for s in [*skips, *waiting] if s.get("slot") not in rows}
     for slot in sorted(s for s in extra if s is not None):
@@ -112,7 +113,18 @@ def timeline(
         "label_x": LABEL - 4,
         "end_x": LABEL + WIDTH,
         "start_x": LABEL,
+        "since": since,
     }
+
+
+def zoomed(since: datetime, until: datetime, moments: list[datetime]) -> datetime:
+    """The window's start, moved up to a little before its first run: a window of a day
+    with an hour of runs draws that hour across the width."""
+    if not moments:
+        return since
+    first = min(moments)
+    margin = (until - first) * 0.02
+    return max(since, first - margin)
 
 
 def _bar_title(run: dict[str, Any]) -> str:
