@@ -18,6 +18,8 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
 - ``TEST_OVERLAP`` (the app-wide ``pglock_overlap``);
 - ``TEST_OVERDUE_AFTER`` (``pglock_overdue_after``); with ``TEST_RECORD_OVERDUE`` ("1") a
   beat records each ``task_overdue`` signal in ``<schema>.overdue``;
+- ``TEST_BEAT_MORE``: more interval entries of ``testapp.tick``, as a JSON object of
+  name to seconds (``{"nightly": 86400}``);
 - ``TEST_PGLOCK_CONF``: any more settings, as a JSON object
   (``{"pglock_connection_max_retries": 2}``).
 
@@ -90,6 +92,8 @@ if ENV.get("TEST_BEAT_EVERY"):
             "schedule": float(ENV["TEST_BEAT_EVERY"]),
         },
     }
+    for name, every in json.loads(ENV.get("TEST_BEAT_MORE", "{}")).items():
+        app.conf.beat_schedule[name] = {"task": "testapp.tick", "schedule": float(every)}
 
 EXECUTIONS_SQL = """
 CREATE TABLE IF NOT EXISTS {executions} (

@@ -1,0 +1,289 @@
+"""The web dashboard against real processes, in a real browser: a worker and two
+PgLockScheduler beats (a leader and a standby) serving a 3-s entry ``tick`` and an hourly
+entry named like a script, ``celery -A … pglock web`` (waitress, loopback) with a
+basic-auth user, and headless Chromium driven by Selenium (Debian's ``chromium`` and
+``chromium-driver``). The tests read the DOM, act through the pages' own forms, and check
+what changed with ``celery pglock`` and the ledger. One lab and one browser for the module
+(one xdist group: ``tests/fixtures/sharing.py`` groups module-scoped fixtures).
+
+With ``PGLOCK_SCREENSHOTS=<folder>`` (``make screenshots``) the pages' screenshots are
+written there (``docs/images``), else under the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg.conninfo import make_conninfo
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
+from tests.acceptance.beat_support import APP, prepare_schema
+from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving
+from tests.apps.harness import app_env, configure_broker_client
+from tests.fixtures.procs import Procs, wait_until
+
+pytestmark = pytest.mark.acceptance
+
+EVIL = "<script>alert(1)</script>"
+WEB_USER = "ann"
+WEB_PASSWORD = "d4shb0ard-pw"  # noqa: S105 - the test's own basic-auth password
+HTTP_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Dash:
+    lab: Lab
+    url: str
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(self.url + path, headers=headers or {})  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:  # noqa: S310 - loopback
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def post(self, path: str, form: dict[str, str], headers: dict[str, str]) -> int:
+        data = urllib.parse.urlencode(form).encode()
+        request = urllib.request.Request(  # noqa: S310 - our loopback URL
+            self.url + path, data=data, headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:  # noqa: S310 - loopback
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def api(self, path: str) -> Any:
+        status, text = self.get(path)
+        assert 200 == status, text
+        assert PASSWORD not in text
+        assert WEB_PASSWORD not in text
+        return json.loads(text)
+
+    def answers(self) -> bool:
+        try:
+            return self.get("/api/audit")[0] == 200
+        except OSError:
+            return False
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.fixture(scope="module")
+def dash(pg_dsn: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
+    schema = f"t_dash_{uuid.uuid4().hex[:8]}"
+    prepare_schema(pg_dsn, schema)
+    env = app_env(
+        pg_dsn=make_conninfo(pg_dsn, password=PASSWORD),
+        schema=schema,
+        broker_url=redis_url,
+        TEST_BEAT_EVERY="3",
+        TEST_BEAT_LEADER="1",
+        TEST_BEAT_MORE=json.dumps({EVIL: 3600}),
+        PGLOCK_WEB_USER=WEB_USER,
+        PGLOCK_WEB_PASSWORD=WEB_PASSWORD,
+    )
+    procs = Procs(tmp_path_factory.mktemp("dashboard"), cwd=ROOT)
+    port = free_port()
+    for lab in serving(Lab(env, pg_dsn, schema), procs, ["-c", "2"], beats=2):
+        web = procs.celery(APP, "pglock", "web", "--bind", f"127.0.0.1:{port}", env=env, name="web")
+        board = Dash(lab, f"http://127.0.0.1:{port}")
+        wait_until(board.answers, timeout=DEADLINE, message="the dashboard to answer")
+        assert "loopback only" in web.log_path.read_text()
+        yield board
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not binary or not driver_path:
+        pytest.fail("the dashboard tests need Debian's chromium and chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860"):
+        options.add_argument(argument)
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(HTTP_TIMEOUT * 3)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def acting_as(driver: Any, authorization: str | None) -> None:
+    """Every request of the browser from now on carries this Authorization header."""
+    driver.execute_cdp_cmd("Network.enable", {})
+    headers = {"Authorization": authorization} if authorization else {}
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": headers})
+
+
+def screenshot(driver: Any, name: str, tmp_path: Path) -> None:
+    folder = Path(os.environ.get("PGLOCK_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(folder / f"dashboard-{name}.png"))
+
+
+def tooltip(element: Any) -> str:
+    return str(element.find_element(By.TAG_NAME, "title").get_attribute("textContent"))
+
+
+def test_overview_strip_shows_a_skipped_duplicate_with_its_reason(
+    dash: Dash, browser: Any, tmp_path: Path
+) -> None:
+    ran = dash.lab.executed()[-1]
+    configure_broker_client(dash.lab.env)
+    from tests.apps import testapp  # noqa: PLC0415 - configured just above
+
+    testapp.app.send_task("testapp.tick", headers={SLOT_HEADER: ran, ENTRY_HEADER: "tick"})
+    wait_until(
+        lambda: dash.lab.rows("SELECT * FROM {} WHERE slot = %(slot)s", "pglock_skips", slot=ran),
+        timeout=DEADLINE,
+        message="the duplicate to be skipped",
+    )
+
+    browser.get(dash.url + "/")
+
+    row = browser.find_element(By.CSS_SELECTOR, 'tr[data-entry="tick"]')
+    cell = row.find_element(By.CSS_SELECTOR, f'rect[data-slot="{ran}"]')
+    assert "succeeded" == cell.get_attribute("data-state")
+    assert "skipped duplicates: done x1" in tooltip(cell)
+    beat = browser.find_element(By.ID, "beat").text
+    assert "Leader:" in beat
+    assert "Standbys: 1" in beat
+    screenshot(browser, "overview", tmp_path)
+
+
+def test_entry_timeline_draws_one_bar_per_attempt(dash: Dash, browser: Any, tmp_path: Path) -> None:
+    browser.get(dash.url + "/entry/tick?hours=1")
+
+    bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
+    drawn = [bar.get_attribute("data-slot") for bar in bars]
+    rows = dash.lab.rows(
+        "SELECT slot, finished_at FROM {} WHERE entry = 'tick' AND started_at IS NOT NULL",
+        "pglock_runs",
+    )
+    finished = {row["slot"] for row in rows if row["finished_at"] is not None}
+    started = {row["slot"] for row in rows}
+    assert len(drawn) == len(set(drawn))  # one bar per attempt: the ledger keeps the last
+    assert set(drawn) <= started
+    assert len(finished - set(drawn)) <= 1  # a run may end between the page and this query
+    assert len(drawn) >= 2
+    screenshot(browser, "entry", tmp_path)
+
+
+def test_pause_pressed_in_the_browser_pauses_the_entry_audited_as_the_web_user(
+    dash: Dash, browser: Any, tmp_path: Path
+) -> None:
+    acting_as(browser, basic(WEB_USER, WEB_PASSWORD))
+    try:
+        browser.get(dash.url + "/entry/tick")
+        browser.find_element(By.ID, "pause-reason").send_keys("disk full <b>now</b>")
+        browser.find_element(By.ID, "pause").click()
+        assert "Confirm: pause" in browser.find_element(By.TAG_NAME, "h1").text
+        screenshot(browser, "confirm", tmp_path)
+        browser.find_element(By.ID, "confirm").click()
+        assert "pause: done" == browser.find_element(By.ID, "done").text
+    finally:
+        acting_as(browser, None)
+
+    code, out = dash.lab.cli("status")
+    assert 0 == code, out
+    assert "PAUSED ENTRIES (1)" in out
+    assert "disk full <b>now</b>" in out
+    [row] = dash.lab.rows("SELECT * FROM {} WHERE action = 'pause'", "pglock_audit")
+    assert (f"web:{WEB_USER}", "tick") == (row["actor"], row["entry"])
+    browser.get(dash.url + "/")
+    badge = browser.find_element(By.CSS_SELECTOR, 'tr[data-entry="tick"] .badge.paused').text
+    assert f"paused by web:{WEB_USER}: disk full <b>now</b>" == badge
+    assert 0 == dash.lab.cli("resume", "tick")[0]
+
+
+def test_actions_without_the_csrf_token_or_credentials_are_refused_and_change_nothing(
+    dash: Dash,
+) -> None:
+    origin = {"Origin": dash.url}
+    auth = {"Authorization": basic(WEB_USER, WEB_PASSWORD)}
+    form = {"entry": "tick", "reason": "x", "step": "confirm"}
+    _status, page = dash.get("/entry/tick", headers=auth)
+    token = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+    assert 401 == dash.post("/action/pause", {**form, "csrf": token}, origin)
+    assert 401 == dash.post(
+        "/action/pause", {**form, "csrf": token}, {**origin, "Authorization": basic("ann", "no")}
+    )
+    assert 403 == dash.post("/action/pause", form, {**origin, **auth})
+    assert 403 == dash.post("/action/pause", {**form, "csrf": "1.forged"}, {**origin, **auth})
+    assert 403 == dash.post("/action/pause", {**form, "csrf": token}, auth)  # no Origin
+    evil = {"Origin": "http://evil.example", **auth}
+    assert 403 == dash.post("/action/pause", {**form, "csrf": token}, evil)
+    assert 405 == dash.get("/action/pause", headers=auth)[0]
+    assert [] == dash.lab.rows("SELECT * FROM {} WHERE entry = 'tick'", "pglock_pauses")
+
+
+def test_a_script_named_entry_renders_as_text(dash: Dash, browser: Any) -> None:
+    browser.get(dash.url + "/")
+
+    row = browser.find_element(By.CSS_SELECTOR, "tr[data-entry]:not([data-entry=tick])")
+    assert EVIL == row.get_attribute("data-entry")
+    assert EVIL in row.text
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018 - reading it is the check
+    status, html = dash.get("/entry/" + urllib.parse.quote(EVIL, safe=""))
+    assert 200 == status
+    assert EVIL not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    headers = urllib.request.urlopen(dash.url + "/", timeout=HTTP_TIMEOUT).headers  # noqa: S310
+    assert headers["Content-Security-Policy"].startswith("default-src 'none'")
+    for path in ("/", "/locks", "/audit", "/entry/tick", "/api/overview", "/api/locks"):
+        text = dash.get(path)[1]
+        assert PASSWORD not in text
+        assert WEB_PASSWORD not in text
+
+
+def test_json_endpoints_answer_as_the_cli_json(dash: Dash) -> None:
+    slot = dash.lab.executed()[0]
+
+    def same_slot() -> bool:
+        code, out = dash.lab.cli("why", "tick", slot, "--json")
+        return 0 == code and json.loads(out) == dash.api(f"/api/slot?name=tick&slot={slot}")
+
+    def same_status() -> bool:
+        code, out = dash.lab.cli("status", "--json")
+        return 0 == code and json.loads(out) == dash.api("/api/locks")
+
+    # Both answer for one moment of a ledger that changes every 3 s: asked again until
+    # the two answers fall between two runs.
+    wait_until(same_slot, timeout=DEADLINE, message="why --json == /api/slot")
+    wait_until(same_status, timeout=DEADLINE, message="status --json == /api/locks")
+    overview = dash.api("/api/overview")
+    assert {"tick", EVIL} == {entry["entry"] for entry in overview["entries"]}
+    assert len(overview["entries"][0]["strip"]) == 48
