@@ -287,3 +287,18 @@ def test_json_endpoints_answer_as_the_cli_json(dash: Dash) -> None:
     overview = dash.api("/api/overview")
     assert {"tick", EVIL} == {entry["entry"] for entry in overview["entries"]}
     assert len(overview["entries"][0]["strip"]) == 48
+
+
+def test_a_slot_named_by_hand_is_on_the_strip_and_the_timeline(dash: Dash, browser: Any) -> None:
+    slot = f"nightly-fix-{uuid.uuid4().hex[:6]}"
+    code, out = dash.lab.cli("trigger", "tick", "--slot", slot)
+    assert 0 == code, out
+    wait_until(lambda: slot in dash.lab.executed(), timeout=DEADLINE, message="the run by hand")
+
+    browser.get(dash.url + "/")
+    cell = browser.find_element(By.CSS_SELECTOR, f'tr[data-entry="tick"] rect[data-slot="{slot}"]')
+    assert "succeeded" == cell.get_attribute("data-state")
+    browser.get(dash.url + "/entry/tick?hours=1")
+    assert 1 == len(
+        browser.find_elements(By.CSS_SELECTOR, f'#timeline rect.bar[data-slot="{slot}"]')
+    )

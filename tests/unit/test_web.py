@@ -1,0 +1,158 @@
+"""The dashboard's pure parts: credentials, CSRF tokens, the Origin check, the strip and
+the timeline's geometry, a schedule in words (no database, no server)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery.schedules import crontab, schedule
+
+from celery_pglock.config import web_credentials
+from celery_pglock.errors import ConfigurationError
+from celery_pglock.steering.history import MISSED, NO_RECORD, describe, strip
+from celery_pglock.web import svg
+from celery_pglock.web.security import ANONYMOUS, Credentials, Csrf, Identity, same_origin
+
+NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=timezone.utc)
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_credentials_prove_a_user_or_a_token_and_nothing_else() -> None:
+    both = Credentials({"user": "ann", "password": "pw", "token": "t0k"})
+
+    assert Identity("ann", can_act=True) == both.identify(basic("ann", "pw"))
+    assert Identity("token", can_act=True) == both.identify("Bearer t0k")
+    for wrong in (None, "", basic("ann", "no"), basic("bob", "pw"), "Bearer no", "Basic !!"):
+        assert ANONYMOUS == both.identify(wrong)
+    assert not Credentials({}).configured
+    assert ANONYMOUS == Credentials({}).identify(basic("", ""))
+
+
+def test_web_credentials_come_from_settings_else_the_environment() -> None:
+    env = {"PGLOCK_WEB_USER": "ann", "PGLOCK_WEB_PASSWORD": "pw"}
+    assert {"user": "ann", "password": "pw"} == web_credentials({}, env)
+    assert {"token": "s"} == web_credentials({"pglock_web_token": "s"}, {})
+    assert {} == web_credentials({}, {})
+    with pytest.raises(ConfigurationError, match="go together"):
+        web_credentials({"pglock_web_user": "ann"}, {})
+
+
+def test_a_csrf_token_works_for_its_identity_until_it_expires() -> None:
+    csrf = Csrf(b"k" * 32, ttl=60)
+    ann, bob = Identity("ann", can_act=True), Identity("bob", can_act=True)
+    token = csrf.token(ann, now=1000.0)
+
+    assert csrf.check(ann, token, now=1059.0)
+    assert not csrf.check(ann, token, now=1061.0)
+    assert not csrf.check(bob, token, now=1001.0)
+    assert not Csrf(b"x" * 32).check(ann, token, now=1001.0)
+    for forged in (
+        None,
+        "",
+        "1060",
+        "1060.",
+        "x.y",
+        token.replace(token[-1], "0" if token[-1] != "0" else "1"),
+    ):
+        assert not csrf.check(ann, forged, now=1001.0)
+
+
+def test_same_origin_wants_our_scheme_host_and_port() -> None:
+    ours = "http://127.0.0.1:8555/"
+    assert same_origin("http://127.0.0.1:8555", None, ours)
+    assert same_origin(None, "http://127.0.0.1:8555/entry/tick", ours)
+    assert not same_origin("http://127.0.0.1:9999", None, ours)
+    assert not same_origin("http://evil.example", "http://127.0.0.1:8555/", ours)
+    assert not same_origin(None, None, ours)
+    assert not same_origin("null", None, ours)
+
+
+def row(slot: str, state: str, created: datetime, **more: object) -> dict[str, object]:
+    return {"slot": slot, "state": state, "created_at": created, "reason": None, **more}
+
+
+def test_the_strip_keeps_slots_named_by_hand_and_marks_missed_ones() -> None:
+    every = schedule(timedelta(seconds=10))
+    rows = [
+        row("2026-12-02T12:00:00Z", "succeeded", NOW),
+        row("2026-12-02T11:59:40Z", "failed", NOW - timedelta(seconds=50)),
+        row(
+            "nightly-fix-1",
+            "succeeded",
+            NOW - timedelta(seconds=15),
+            skips=1,
+            skip_reasons={"done": 1},
+        ),
+        row("manual:2026-12-02T11:59:45.000000Z", "running", NOW - timedelta(seconds=45)),
+    ]
+
+    cells = strip(every, rows, NOW, align=True, size=8)
+
+    assert [
+        ("2026-12-02T11:59:30Z", NO_RECORD),  # older than the entry's oldest row
+        ("2026-12-02T11:59:40Z", "failed"),
+        ("manual:2026-12-02T11:59:45.000000Z", "running"),  # at its row's creation
+        ("2026-12-02T11:59:50Z", MISSED),  # due, no row
+        ("2026-12-02T12:00:00Z", "succeeded"),
+        ("2026-12-02T12:00:10Z", MISSED),
+        ("nightly-fix-1", "succeeded"),  # a slot named by hand
+        ("2026-12-02T12:00:20Z", MISSED),
+    ] == [(c.slot, c.state) for c in cells]
+    title = svg.cell_title(cells[[c.slot for c in cells].index("nightly-fix-1")].as_json())
+    assert "skipped duplicates: done x1" in title
+
+
+def test_the_timeline_draws_a_bar_per_run_and_counts_overlaps() -> None:
+    start = NOW - timedelta(minutes=10)
+    runs = [
+        row(
+            "a",
+            "succeeded",
+            start,
+            started_at=start,
+            finished_at=start + timedelta(minutes=3),
+            token=1,
+            host="h",
+            pid=1,
+        ),
+        row(
+            "b",
+            "failed",
+            start,
+            started_at=start + timedelta(minutes=2),
+            finished_at=start + timedelta(minutes=4),
+            token=2,
+            host="h",
+            pid=2,
+        ),
+        row(
+            "c",
+            "scheduled",
+            start + timedelta(minutes=5),
+            started_at=None,
+            finished_at=None,
+            token=None,
+            host=None,
+            pid=None,
+        ),
+    ]
+    skips = [{"slot": "a", "at": start + timedelta(minutes=1), "reason": "locked"}]
+
+    drawn = svg.timeline(runs, skips, [], since=NOW - timedelta(hours=1), until=NOW, now=NOW)
+
+    assert ["a", "b"] == [bar["slot"] for bar in drawn["bars"]]
+    assert 1 == drawn["overlaps"]
+    assert ["skip"] == [mark["kind"] for mark in drawn["marks"]]
+    assert 3 == len(drawn["labels"])
+    assert all(svg.LABEL <= bar["x"] <= svg.LABEL + svg.WIDTH for bar in drawn["bars"])
+
+
+def test_schedules_in_words() -> None:
+    assert "every 5 min" == describe(schedule(timedelta(minutes=5)))
+    assert "every 2.5 s" == describe(schedule(timedelta(seconds=2.5)))
+    assert describe(crontab(minute="0", hour="3")).startswith("cron 0 3 * * * (")
