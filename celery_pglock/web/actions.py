@@ -40,33 +40,10 @@ def handle(
 ) -> Response:
     """Check who asks and how, then review or do ``kind``."""
     if kind not in KINDS:
-        return board._error(request, urls, identity, 404, f"no action {kind!r}")
-    if not identity.can_act:
-        response = board._error(
-            request,
-            urls,
-            identity,
-            401,
-            "Actions need credentials (pglock_web_user and pglock_web_password, or "
-            "pglock_web_token) and a user allowed to act.",
-        )
-        if board.actions_configured:
-            response.headers["WWW-Authenticate"] = 'Basic realm="celery-pglock", charset="UTF-8"'
-        return response
-    if not same_origin(
-        request.headers.get("Origin"), request.headers.get("Referer"), request.host_url
-    ):
-        return board._error(
-            request, urls, identity, 403, "Refused: the request did not come from this dashboard."
-        )
-    if not board.csrf.check(identity, request.form.get("csrf")):
-        return board._error(
-            request,
-            urls,
-            identity,
-            403,
-            "Refused: the form's token is missing, wrong or expired; reload the page.",
-        )
+        return board.error(request, urls, identity, 404, f"no action {kind!r}")
+    refused = _refusal(board, request, urls, identity)
+    if refused is not None:
+        return refused
     fields = {
         key: request.form.get(key, "").strip()
         for key in request.form
@@ -74,13 +51,47 @@ def handle(
     }
     if request.form.get("step") == "confirm":
         done = _do(board, identity, kind, fields)
-        return board._page(
-            request, urls, identity, "done.html", kind=kind, fields=fields, done=done
-        )
+        return board.page(request, urls, identity, "done.html", kind=kind, fields=fields, done=done)
     preview = _review(board, kind, fields)
-    return board._page(
+    return board.page(
         request, urls, identity, "confirm.html", kind=kind, fields=fields, preview=preview
     )
+
+
+def _refusal(
+    board: Dashboard, request: Request, urls: MapAdapter, identity: Identity
+) -> Response | None:
+    """Why this POST is refused (nothing changed), or None: who may act, its Origin, its
+    CSRF token."""
+    if identity.name is not None and not identity.can_act:
+        return board.error(request, urls, identity, 403, f"{identity.name} may not act here.")
+    if not identity.can_act:
+        response = board.error(
+            request,
+            urls,
+            identity,
+            401,
+            "Actions need credentials (pglock_web_user and pglock_web_password, or "
+            "pglock_web_token).",
+        )
+        if board.actions_configured:
+            response.headers["WWW-Authenticate"] = 'Basic realm="celery-pglock", charset="UTF-8"'
+        return response
+    if not same_origin(
+        request.headers.get("Origin"), request.headers.get("Referer"), request.host_url
+    ):
+        return board.error(
+            request, urls, identity, 403, "Refused: the request did not come from this dashboard."
+        )
+    if not board.csrf.check(identity, request.form.get("csrf")):
+        return board.error(
+            request,
+            urls,
+            identity,
+            403,
+            "Refused: the form's token is missing, wrong or expired; reload the page.",
+        )
+    return None
 
 
 def _target(board: Dashboard, identity: Identity) -> controls.Target:

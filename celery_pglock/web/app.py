@@ -94,7 +94,7 @@ class Dashboard:
         try:
             endpoint, values = urls.match()
             if not identity.can_read:
-                response = self._page(
+                response = self.page(
                     request,
                     urls,
                     identity,
@@ -105,22 +105,22 @@ class Dashboard:
             else:
                 response = getattr(self, f"on_{endpoint}")(request, urls, identity, **values)
         except UnknownEntry as exc:
-            response = self._error(request, urls, identity, 404, str(exc))
+            response = self.error(request, urls, identity, 404, str(exc))
         except SchemaMissing as exc:
-            response = self._error(request, urls, identity, 404, str(exc))
+            response = self.error(request, urls, identity, 404, str(exc))
         except ConfigurationError as exc:
-            response = self._error(request, urls, identity, 400, str(exc))
+            response = self.error(request, urls, identity, 400, str(exc))
         except DatabaseUnavailable as exc:
-            response = self._error(request, urls, identity, 503, str(exc))
+            response = self.error(request, urls, identity, 503, str(exc))
         except PgLockError as exc:
-            response = self._error(request, urls, identity, 500, str(exc))
+            response = self.error(request, urls, identity, 500, str(exc))
         except MethodNotAllowed as exc:
-            response = self._error(request, urls, identity, 405, "Actions are POST only.")
+            response = self.error(request, urls, identity, 405, "Actions are POST only.")
             response.headers["Allow"] = ", ".join(exc.valid_methods or ())
         except NotFound:
-            response = self._error(request, urls, identity, 404, "No such page.")
+            response = self.error(request, urls, identity, 404, "No such page.")
         except HTTPException as exc:
-            response = self._error(request, urls, identity, exc.code or 500, exc.description or "")
+            response = self.error(request, urls, identity, exc.code or 500, exc.description or "")
         response.headers.update(HEADERS)
         return response
 
@@ -142,7 +142,7 @@ class Dashboard:
         for entry in found["entries"]:
             entry["cells"] = svg.strip_cells(entry["strip"])
         width = svg.strip_width(history.STRIP)
-        return self._page(
+        return self.page(
             request, urls, identity, "overview.html", found=found, strip_width=width, cell=svg.CELL
         )
 
@@ -173,7 +173,7 @@ class Dashboard:
             since=found["since"],
             until=found["until"],
         )
-        return self._page(request, urls, identity, "entry.html", found=found, timeline=drawn)
+        return self.page(request, urls, identity, "entry.html", found=found, timeline=drawn)
 
     def on_api_entry(
         self, request: Request, urls: MapAdapter, identity: Identity, name: str
@@ -189,7 +189,7 @@ class Dashboard:
 
     def on_slot(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         found = self._slot(request)
-        return self._page(
+        return self.page(
             request, urls, identity, "slot.html", found=found, name=request.args.get("name")
         )
 
@@ -203,7 +203,7 @@ class Dashboard:
 
     def on_locks(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         view = self._status(request)
-        return self._page(request, urls, identity, "locks.html", view=view, state=view.as_json())
+        return self.page(request, urls, identity, "locks.html", view=view, state=view.as_json())
 
     def on_api_locks(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         return _json(self._status(request).as_json())
@@ -229,7 +229,7 @@ class Dashboard:
         }
 
     def on_audit(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
-        return self._page(request, urls, identity, "audit.html", found=self._audit(request))
+        return self.page(request, urls, identity, "audit.html", found=self._audit(request))
 
     def on_api_audit(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         return _json(self._audit(request))
@@ -245,7 +245,7 @@ class Dashboard:
 
     # -- rendering -----------------------------------------------------------------------
 
-    def _page(
+    def page(
         self,
         request: Request,
         urls: MapAdapter,
@@ -267,12 +267,12 @@ class Dashboard:
         )
         return Response(html, status=status, mimetype="text/html")
 
-    def _error(
+    def error(
         self, request: Request, urls: MapAdapter, identity: Identity, status: int, message: str
     ) -> Response:
         if request.path.startswith("/api/"):
             return _json({"error": message}, status=status)
-        return self._page(request, urls, identity, "error.html", status=status, message=message)
+        return self.page(request, urls, identity, "error.html", status=status, message=message)
 
 
 def _standalone(credentials: Credentials) -> Identify:

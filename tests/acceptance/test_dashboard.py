@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,13 +25,12 @@ from typing import Any
 
 import pytest
 from psycopg.conninfo import make_conninfo
-from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from tests.acceptance.beat_support import APP, prepare_schema
+from tests.acceptance.browser import acting_as, browser, free_port, screenshot
 from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving
 from tests.apps.harness import app_env, configure_broker_client
 from tests.fixtures.procs import Procs, wait_until
@@ -45,13 +41,7 @@ EVIL = "<script>alert(1)</script>"
 WEB_USER = "ann"
 WEB_PASSWORD = "d4shb0ard-pw"  # noqa: S105 - the test's own basic-auth password
 HTTP_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+__all__ = ["browser"]  # the module's browser (tests/acceptance/browser.py)
 
 
 @dataclass
@@ -118,38 +108,6 @@ def dash(pg_dsn: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) 
         wait_until(board.answers, timeout=DEADLINE, message="the dashboard to answer")
         assert "loopback only" in web.log_path.read_text()
         yield board
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not binary or not driver_path:
-        pytest.fail("the dashboard tests need Debian's chromium and chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860"):
-        options.add_argument(argument)
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    options.add_argument(f"--user-data-dir={profile}")
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.set_page_load_timeout(HTTP_TIMEOUT * 3)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def acting_as(driver: Any, authorization: str | None) -> None:
-    """Every request of the browser from now on carries this Authorization header."""
-    driver.execute_cdp_cmd("Network.enable", {})
-    headers = {"Authorization": authorization} if authorization else {}
-    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": headers})
-
-
-def screenshot(driver: Any, name: str, tmp_path: Path) -> None:
-    folder = Path(os.environ.get("PGLOCK_SCREENSHOTS") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(folder / f"dashboard-{name}.png"))
 
 
 def tooltip(element: Any) -> str:

@@ -67,6 +67,7 @@ COMMANDS = {
     "pglock schedule": ["--entry", "--from", "--json", "--next"],
     "pglock status": ["--json", "--skips", "LOCK"],
     "pglock trigger": ["--by", "--json", "--slot", "ENTRY"],
+    "pglock web": ["--bind"],
     "pglock why": ["--json", "NAME", "SLOT"],
     "celery-pglock demo": ["ARGS"],
     "celery-pglock run": [

@@ -27,9 +27,10 @@ def table(name: str) -> str:
     return '"{}"."{}"'.format(schema.replace('"', '""'), f"{prefix}{name}".replace('"', '""'))
 
 
-def unmanaged(name: str, ordering: str) -> Any:
+def unmanaged(name: str, ordering: str, **more: Any) -> Any:
     """The ``Meta`` of a model over one of celery-pglock's tables: Django never writes it."""
-    return type("Meta", (), {"managed": False, "db_table": table(name), "ordering": (ordering,)})
+    meta = {"managed": False, "db_table": table(name), "ordering": (ordering,), **more}
+    return type("Meta", (), meta)
 
 
 class Who(models.Model):  # type: ignore[misc]  # Django has no type hints
@@ -69,7 +70,9 @@ class Run(Who):
     finished_at = models.DateTimeField(null=True)
     updated_at = models.DateTimeField()
 
-    Meta = unmanaged("runs", "-updated_at")
+    # ``celery_pglock.steer``: may act on the dashboard (pause, resume, trigger, rerun,
+    # backfill, release); staff without it only read.
+    Meta = unmanaged("runs", "-updated_at", permissions=[("steer", "Can steer periodic jobs")])
 
     shown = "state"
 

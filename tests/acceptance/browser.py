@@ -1,0 +1,60 @@
+"""Headless Chromium for the dashboard's tests, driven by Selenium (Debian's ``chromium`` and
+``chromium-driver``: Selenium is told where both are and downloads nothing). Import the
+``browser`` fixture into a test module: one browser per module."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+HTTP_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not binary or not driver_path:
+        pytest.fail("the dashboard tests need Debian's chromium and chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860"):
+        options.add_argument(argument)
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(HTTP_TIMEOUT * 3)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def acting_as(driver: Any, authorization: str | None) -> None:
+    """Every request of the browser from now on carries this Authorization header."""
+    driver.execute_cdp_cmd("Network.enable", {})
+    headers = {"Authorization": authorization} if authorization else {}
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": headers})
+
+
+def screenshot(driver: Any, name: str, tmp_path: Path) -> None:
+    folder = Path(os.environ.get("PGLOCK_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(folder / f"dashboard-{name}.png"))
+
+
+__all__ = ["acting_as", "browser", "free_port", "screenshot"]
