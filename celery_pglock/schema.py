@@ -45,8 +45,9 @@ TABLE_OBJECTS = (
     "skips_lock_at_idx",
     "audit_namespace_idx",
 )
-# Functions: schema-qualified and prefixed like the tables.
+# Functions and statistics objects: schema-qualified and prefixed like the tables.
 FUNCTIONS = (
+    "runs_entry_stats",
     "holds_lock",
     "next_token",
     "try_lock_any",

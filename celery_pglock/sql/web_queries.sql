@@ -15,12 +15,19 @@ SELECT l.lock_name, l.entry, r.slot, r.state, r.attempts, r.token, r.task_id, r.
        extract(epoch FROM coalesce(r.finished_at, CASE WHEN r.state = 'running' THEN now() END)
                           - r.started_at)::float8 AS duration_seconds,
        coalesce(s.skips, 0) AS skips,
-       coalesce(s.reasons, '{{}}'::jsonb) AS skip_reasons
+       s.reasons AS skip_reasons  -- NULL: none
   FROM unnest(%(lock_names)s::text[], %(entries)s::text[]) AS l(lock_name, entry)
  CROSS JOIN LATERAL (
-        SELECT * FROM {runs} x
-         WHERE x.lock_name = l.lock_name AND (x.entry = l.entry OR x.entry IS NULL)
-         ORDER BY x.created_at DESC
+        SELECT * FROM (
+            (SELECT * FROM {runs} x
+              WHERE x.lock_name = l.lock_name AND x.entry = l.entry
+              ORDER BY x.created_at DESC LIMIT %(limit)s)
+            UNION ALL
+            (SELECT * FROM {runs} x
+              WHERE x.lock_name = l.lock_name AND x.entry IS NULL
+              ORDER BY x.created_at DESC LIMIT %(limit)s)
+        ) u
+         ORDER BY u.created_at DESC
          LIMIT %(limit)s
  ) r
   LEFT JOIN LATERAL (
@@ -52,10 +59,16 @@ SELECT l.entry,
 SELECT l.entry, r.slot, r.finished_at, r.token
   FROM unnest(%(lock_names)s::text[], %(entries)s::text[]) AS l(lock_name, entry)
  CROSS JOIN LATERAL (
-        SELECT x.slot, x.finished_at, x.token FROM {runs} x
-         WHERE x.lock_name = l.lock_name AND x.state = 'succeeded'
-           AND (x.entry = l.entry OR x.entry IS NULL)
-         ORDER BY x.created_at DESC
+        SELECT * FROM (
+            (SELECT x.slot, x.finished_at, x.token, x.created_at FROM {runs} x
+              WHERE x.lock_name = l.lock_name AND x.entry = l.entry AND x.state = 'succeeded'
+              ORDER BY x.created_at DESC LIMIT 1)
+            UNION ALL
+            (SELECT x.slot, x.finished_at, x.token, x.created_at FROM {runs} x
+              WHERE x.lock_name = l.lock_name AND x.entry IS NULL AND x.state = 'succeeded'
+              ORDER BY x.created_at DESC LIMIT 1)
+        ) u
+         ORDER BY u.created_at DESC
          LIMIT 1
  ) r;
 
@@ -69,15 +82,23 @@ SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_id, r.task_name
                           - r.started_at)::float8 AS duration_seconds,
        coalesce(s.skips, 0) AS skips,
        coalesce(s.reasons, '{{}}'::jsonb) AS skip_reasons
-  FROM {runs} r
+  FROM (
+        (SELECT * FROM {runs} x
+          WHERE x.lock_name = %(lock_name)s AND x.entry = %(entry)s
+            AND x.created_at >= %(since)s AND x.created_at < %(until)s
+          ORDER BY x.created_at DESC LIMIT %(limit)s + %(offset)s)
+        UNION ALL
+        (SELECT * FROM {runs} x
+          WHERE x.lock_name = %(lock_name)s AND x.entry IS NULL
+            AND x.created_at >= %(since)s AND x.created_at < %(until)s
+          ORDER BY x.created_at DESC LIMIT %(limit)s + %(offset)s)
+  ) r
   LEFT JOIN LATERAL (
         SELECT sum(g.n)::integer AS skips, jsonb_object_agg(g.reason, g.n) AS reasons
           FROM (SELECT k.reason, count(*) AS n FROM {skips} k
                  WHERE k.lock_name = r.lock_name AND k.slot = r.slot
                  GROUP BY k.reason) g
   ) s ON true
- WHERE r.lock_name = %(lock_name)s AND (r.entry = %(entry)s OR r.entry IS NULL)
-   AND r.created_at >= %(since)s AND r.created_at < %(until)s
  ORDER BY r.created_at DESC, r.slot
  LIMIT %(limit)s OFFSET %(offset)s;
 

@@ -18,14 +18,16 @@ from typing import Any
 from celery.schedules import crontab, schedule, solar
 
 from celery_pglock import controls, ops, preview, slots
+from celery_pglock.beat.freshness import entries_freshness
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.ops import Row, fetch
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
 from celery_pglock.steering.apps import Schedule, known_lock_names, namespace
-from celery_pglock.steering.reads import freshness, freshness_row
+from celery_pglock.steering.reads import freshness_row
 
 STRIP = 48  # slots per entry on the overview
+PER_PAGE = 100  # entries per page of the overview
 STATS_WINDOW = timedelta(hours=24)
 TIMELINE_LIMIT = 500  # bars drawn on an entry's timeline
 PAGE = 50  # rows per page of an entry's table
@@ -77,7 +79,7 @@ class Cell:
             "host": row.get("host"),
             "duration_seconds": row.get("duration_seconds"),
             "skips": row.get("skips", 0),
-            "skip_reasons": row.get("skip_reasons", {}),
+            "skip_reasons": row.get("skip_reasons") or {},
         }
 
 
@@ -87,17 +89,33 @@ def strip(
     """The last ``size`` slots of an entry, oldest first: its rows, and the slots its
     schedule says fell due that have none (``missed`` once the ledger knew the entry)."""
     cells = {row["slot"]: Cell(row["slot"], _moment(row), row["state"], row) for row in rows}
-    oldest = min((_moment(row) for row in rows), default=None)
-    try:
-        due, _ = slots.slots_since(sched, now - GRACE, "", limit=size, align_intervals=align)
-    except Exception:  # noqa: BLE001 - a schedule this library cannot walk: rows only
-        due = []
-    for slot in due:
+    oldest = min((cell.at for cell in cells.values()), default=None)
+    for at in due_times(sched, now - GRACE, size, align=align):
+        slot = slots.format_slot(at)
         if slot not in cells:
-            at = slots.parse_slot(slot)
             state = MISSED if oldest is not None and at >= oldest else NO_RECORD
             cells[slot] = Cell(slot, at, state, None)
     return sorted(cells.values(), key=lambda cell: (cell.at, cell.slot))[-size:]
+
+
+def due_times(sched: Any, now: datetime, size: int, *, align: bool) -> list[datetime]:
+    """The newest ``size`` times ``sched`` fell due at or before ``now``: by arithmetic for
+    an aligned interval (its slots are multiples of it), else walking back occurrence by
+    occurrence (``slots.slots_since``); none for a schedule this library cannot walk."""
+    every = getattr(sched, "run_every", None)
+    if (
+        align
+        and type(sched) is schedule
+        and isinstance(every, timedelta)
+        and every.total_seconds() >= 1
+    ):
+        newest = slots.interval_slot(now, every)
+        return [newest - n * every for n in range(size)]
+    try:
+        due, _ = slots.slots_since(sched, now, "", limit=size, align_intervals=align)
+    except Exception:  # noqa: BLE001 - a schedule this library cannot walk: rows only
+        return []
+    return [slots.parse_slot(slot) for slot in due]
 
 
 def _moment(row: Row) -> datetime:
@@ -115,15 +133,32 @@ def _by_entry(rows: Iterable[Row]) -> dict[str, list[Row]]:
     return found
 
 
-def overview(app: Any, conn: Connection, tables: Tables, *, now: datetime | None = None) -> Row:
-    """Every beat entry at a glance, overdue first; the beat replicas; rogue senders."""
+def overview(
+    app: Any,
+    conn: Connection,
+    tables: Tables,
+    *,
+    page: int = 0,
+    now: datetime | None = None,
+) -> Row:
+    """The beat entries at a glance, overdue first (then by name), ``PER_PAGE`` a page;
+    the beat replicas; rogue senders. Every entry's freshness is looked at (the order
+    needs it), the strips and rates only for the page's."""
     now = now or datetime.now(timezone.utc)
     entries = Schedule(app)
     settings = BeatSettings.from_app(app)
     ns = namespace(app)
     known = known_lock_names(app)
     status = ops.status(conn, tables, namespace=ns, known_names=known, limits=known, skips=0)
-    locks = {name: entries.lock_name(entry) for name, entry in entries.entries.items()}
+    looks = entries_freshness(conn, settings, entries.entries.values(), entries.lock_name)
+    fresh = {f.entry: freshness_row(f) for f in looks}
+    overdue = {name: row["overdue_seconds"] for name, row in fresh.items()}
+    order = sorted(
+        entries.entries,
+        key=lambda name: (overdue.get(name) is None, -(overdue.get(name) or 0), name),
+    )
+    shown = order[page * PER_PAGE : (page + 1) * PER_PAGE]
+    locks = {name: entries.lock_name(entries.entries[name]) for name in shown}
     params = {"lock_names": list(locks.values()), "entries": list(locks)}
     rows = _by_entry(fetch(conn, tables.query("web_strip"), {**params, "limit": STRIP}))
     since = now - STATS_WINDOW
@@ -133,31 +168,29 @@ def overview(app: Any, conn: Connection, tables: Tables, *, now: datetime | None
     }
     successes = {row["entry"]: row for row in fetch(conn, tables.query("web_last_success"), params)}
     paused = {row["entry"]: row for row in controls.pauses(conn, controls.Target(tables, ns, ""))}
-    fresh = {f.entry: freshness_row(f) for f in freshness(app, conn)[0]}
-    found = []
-    for name, entry in entries.entries.items():
-        lock = locks[name]
-        found.append(
-            _entry_row(
-                entry,
-                lock,
-                now=now,
-                cells=strip(
-                    entry.schedule, rows.get(name, []), now, align=settings.align_intervals
-                ),
-                stats=stats.get(name),
-                success=successes.get(name),
-                paused=paused.get(name),
-                fresh=fresh.get(name),
-                align=settings.align_intervals,
-            )
+    align = settings.align_intervals
+    found = [
+        _entry_row(
+            entries.entries[name],
+            locks[name],
+            now=now,
+            cells=strip(entries.entries[name].schedule, rows.get(name, []), now, align=align),
+            stats=stats.get(name),
+            success=successes.get(name),
+            paused=paused.get(name),
+            fresh=fresh.get(name),
+            align=align,
         )
-    found.sort(
-        key=lambda e: (e["overdue_seconds"] is None, -(e["overdue_seconds"] or 0), e["entry"])
-    )
+        for name in shown
+    ]
     return {
         "namespace": ns,
         "generated_at": now,
+        "total": len(order),
+        "overdue": sum(1 for seconds in overdue.values() if seconds is not None),
+        "paused": len(paused),
+        "page": page,
+        "per_page": PER_PAGE,
         "entries": found,
         "beat": status.beat,
         "rogue_sends": status.rogue,

@@ -138,17 +138,13 @@ class Dashboard:
 
     def on_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         with self.session() as (conn, tables):
-            found = history.overview(self.app, conn, tables)
-        for entry in found["entries"]:
-            entry["cells"] = svg.strip_cells(entry["strip"])
-        width = svg.strip_width(history.STRIP)
-        return self.page(
-            request, urls, identity, "overview.html", found=found, strip_width=width, cell=svg.CELL
-        )
+            found = history.overview(self.app, conn, tables, page=_page(request))
+        strips = {entry["entry"]: svg.strip_svg(entry["strip"]) for entry in found["entries"]}
+        return self.page(request, urls, identity, "overview.html", found=found, strips=strips)
 
     def on_api_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         with self.session() as (conn, tables):
-            return _json(history.overview(self.app, conn, tables))
+            return _json(history.overview(self.app, conn, tables, page=_page(request)))
 
     def _entry(self, request: Request, name: str) -> dict[str, Any]:
         hours = min(MAX_HOURS, max(1, _int(request.args.get("hours"), 24)))
@@ -285,6 +281,10 @@ def _standalone(credentials: Credentials) -> Identify:
 def _json(payload: Any, status: int = 200) -> Response:
     text = json.dumps(ops.jsonable(payload), indent=2)
     return Response(text, status=status, mimetype="application/json")
+
+
+def _page(request: Request) -> int:
+    return max(0, _int(request.args.get("page"), 0))
 
 
 def _int(text: str | None, default: int) -> int:
