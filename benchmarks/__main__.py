@@ -36,6 +36,7 @@ SECTIONS = (
     "pgfailover",
     "policies",
     "adhoc",
+    "dashboard",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -249,8 +250,15 @@ def run_sections(run: Run) -> None:
         )
     if "policies" in only:
         run.section(policies_title(), lambda: policies_section(run))
-    if "adhoc" in only:
+    later_sections(run)
+
+
+def later_sections(run: Run) -> None:
+    """The sections that came later, each in a module of its own."""
+    if "adhoc" in run.args.only:
         run.section(adhoc_title(), lambda: adhoc_section(run))
+    if "dashboard" in run.args.only:
+        run.section(dashboard_title(), lambda: dashboard_section(run))
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
@@ -359,6 +367,21 @@ def document(run: Run, header: str, load: common.LoadWindow, started: str) -> st
             *run.lines,
         ]
     )
+
+
+def dashboard_title() -> str:
+    from benchmarks import dashboard  # noqa: PLC0415
+
+    return dashboard.TITLE
+
+
+def dashboard_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.dashboard``: the overview of 1,000 entries, an entry over 10 M rows."""
+    from benchmarks import dashboard  # noqa: PLC0415
+
+    entries, rows, requests = (100, 100_000, 10) if run.args.quick else (1000, 10_000_000, 30)
+    result = dashboard.run(run.dsn, entries=entries, rows=rows, requests=requests)
+    return dashboard.section(result)
 
 
 def main(argv: list[str] | None = None) -> None:
