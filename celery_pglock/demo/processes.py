@@ -8,6 +8,7 @@ with the demo should the demo itself be killed (Linux ``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -16,7 +17,11 @@ from pathlib import Path
 from celery_pglock.demo.schedule import APP_MODULE
 from celery_pglock.testing.processes import STOP_TIMEOUT, Proc
 
-READY_MARKERS = {"beat": "beat: Starting...", "worker": " ready."}
+READY_MARKERS = {
+    "beat": "beat: Starting...",
+    "worker": " ready.",
+    "web": "celery-pglock dashboard on",
+}
 WORKER_OPTIONS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 
 
@@ -59,6 +64,14 @@ class Fleet:
         args = ["worker", "--loglevel", "INFO", "--hostname", f"{name}@%h"]
         args += ["--pool", "prefork", "--concurrency", str(self.concurrency), *WORKER_OPTIONS]
         return self._start(name, "worker", args)
+
+    def start_web(self) -> tuple[Process, str]:
+        """``celery pglock web`` on a free loopback port: the process and its URL."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        args = ["pglock", "web", "--bind", f"127.0.0.1:{port}"]
+        return self._start("web", "web", args), f"http://127.0.0.1:{port}/"
 
     def live(self, role: str) -> list[Process]:
         return [p for p in self.processes if p.role == role and p.alive]

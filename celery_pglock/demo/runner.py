@@ -145,6 +145,10 @@ def _start(fleet: Fleet, spec: RunSpec, display: Display) -> None:
     procs = [fleet.start_worker() for _ in range(spec.workers)]
     procs += [fleet.start_beat(stock=not spec.locked) for _ in range(spec.beats)]
     display.note(f"started {spec.beats} beat(s) and {spec.workers} worker(s); waiting until ready")
+    if spec.locked:  # the dashboard reads what PgLockScheduler and the ledger know
+        web, url = fleet.start_web()
+        procs.append(web)
+        display.note(f"dashboard: {url} (while this run lasts)")
     started = time.time()
 
     def tick() -> None:
