@@ -156,3 +156,38 @@ def test_schedules_in_words() -> None:
     assert "every 5 min" == describe(schedule(timedelta(minutes=5)))
     assert "every 2.5 s" == describe(schedule(timedelta(seconds=2.5)))
     assert describe(crontab(minute="0", hour="3")).startswith("cron 0 3 * * * (")
+
+
+def test_the_asgi_twin_serves_what_the_wsgi_app_serves() -> None:
+    import asyncio  # noqa: PLC0415
+
+    from asgiref.testing import ApplicationCommunicator  # noqa: PLC0415
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_pglock.web import make_asgi_app  # noqa: PLC0415
+
+    app = make_asgi_app(Celery("asgi-check", set_as_current=False))
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/static/style.css",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1")],
+        "server": ("127.0.0.1", 8555),
+        "scheme": "http",
+        "http_version": "1.1",
+        "root_path": "",
+    }
+
+    async def get() -> list[dict[str, object]]:
+        talk = ApplicationCommunicator(app, scope)
+        await talk.send_input({"type": "http.request", "body": b""})
+        start = await talk.receive_output(5)
+        body = await talk.receive_output(5)
+        return [start, body]
+
+    start, body = asyncio.run(get())
+    headers = {name.lower(): value for name, value in start["headers"]}  # type: ignore[attr-defined]
+    assert 200 == start["status"]
+    assert headers[b"content-security-policy"].startswith(b"default-src 'none'")
+    assert b".s-succeeded" in body["body"]  # type: ignore[operator]
