@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast lint typecheck pytest test-integration test-failover test-chaos test-compat demo bench clean
+.PHONY: test test-fast lint typecheck pytest test-integration test-failover test-chaos test-compat demo bench screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +120,11 @@ test-compat:
 	$(COMPAT)/wheel/bin/python -m pip check
 	@echo "== wheel, newest: $$($(COMPAT)/wheel/bin/python -c '$(VERSIONS)')"
 	$(call smoke,$(COMPAT)/wheel)
+
+## make screenshots: the dashboard's tests, writing their screenshots to docs/images
+## (headless Chromium; the same services as make test)
+screenshots: $(STAMP)
+	PGLOCK_SCREENSHOTS=docs/images $(BIN)/pytest -n 0 tests/acceptance/test_dashboard.py tests/acceptance/test_dashboard_django.py
 
 ## make bench: side-by-side benchmarks (writes docs/benchmarks.md); ARGS=--quick for a short run
 bench: $(STAMP)
