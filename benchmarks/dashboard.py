@@ -25,6 +25,7 @@ from werkzeug.test import Client
 from benchmarks import common
 from celery_pglock import PgLockTask
 from celery_pglock.schema import Tables
+from celery_pglock.steering.history import PER_PAGE
 from celery_pglock.web import make_app
 
 TITLE = "12. Dashboard: 1,000 entries, 10,000,000 ledger rows"
@@ -97,7 +98,7 @@ def run(dsn: str, *, entries: int, rows: int, requests: int) -> Result:
             "overview (HTML)": "/",
             "entry, 24 h (HTML)": f"/entry/{middle}",
             "entry, 7 days (HTML)": f"/entry/{middle}?hours=168",
-            "overview, last page (HTML)": f"/?page={(entries - 1) // 100}",
+            "overview, last page (HTML)": f"/?page={(entries - 1) // PER_PAGE}",
             "overview (JSON)": "/api/overview",
             "entry, 24 h (JSON)": f"/api/entry/{middle}",
         }

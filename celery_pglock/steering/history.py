@@ -27,7 +27,7 @@ from celery_pglock.steering.apps import Schedule, known_lock_names, namespace
 from celery_pglock.steering.reads import freshness_row
 
 STRIP = 48  # slots per entry on the overview
-PER_PAGE = 100  # entries per page of the overview
+PER_PAGE = 50  # entries per page of the overview
 STATS_WINDOW = timedelta(hours=24)
 TIMELINE_LIMIT = 500  # bars drawn on an entry's timeline
 PAGE = 50  # rows per page of an entry's table
