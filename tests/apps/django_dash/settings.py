@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-import os
-
-from psycopg.conninfo import conninfo_to_dict
-
-_PG = conninfo_to_dict(os.environ["PGLOCK_DSN"])
+from tests.apps.django_proj import settings as django_proj
 
 SECRET_KEY = "celery-pglock-dashboard-tests-only"  # noqa: S105 - a throwaway test project
 DEBUG = False
@@ -45,14 +41,4 @@ PGLOCK_DASHBOARD_APP = "tests.apps.testapp:app"
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": _PG.get("dbname", ""),
-        "USER": _PG.get("user", ""),
-        "PASSWORD": _PG.get("password", ""),
-        "HOST": _PG.get("host", ""),
-        "PORT": _PG.get("port", ""),
-        "OPTIONS": {"options": f"-c search_path={os.environ['TEST_SCHEMA']}"},
-    }
-}
+DATABASES = django_proj.DATABASES  # the test's schema, through search_path
