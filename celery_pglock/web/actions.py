@@ -10,6 +10,7 @@ audited with the web user (``web:<user>``).
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from werkzeug.wrappers import Request, Response
 
 from celery_pglock import controls, ops
 from celery_pglock.config import app_settings
-from celery_pglock.errors import ConfigurationError
+from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.failures import boundary
 from celery_pglock.messages import checked_slot
 from celery_pglock.sessions import connect
@@ -29,6 +30,8 @@ from celery_pglock.web.security import Identity, same_origin
 
 if TYPE_CHECKING:
     from celery_pglock.web.app import Dashboard
+
+logger = logging.getLogger("celery_pglock.web")
 
 KINDS = ("pause", "resume", "trigger", "rerun", "backfill", "release")
 BACKFILL_LIMIT = 100
@@ -236,8 +239,13 @@ def _backfill(
 def _send_in_background(
     board: Dashboard, entry: Any, lock: str, found: list[dict[str, Any]]
 ) -> None:
+    """Send a confirmed backfill's slots one at a time, each once the one before ended; a
+    failure is logged (nobody waits on this thread)."""
     settings = app_settings(board.app)
-    conn = connect(settings, application_name="celery-pglock web backfill")
-    with conn, boundary(settings, conn):
-        delivery = replay.Delivery(board.app, conn, settings.tables, entry, lock)
-        replay.send_plan(found, delivery, BACKFILL_RATE)
+    try:
+        conn = connect(settings, application_name="celery-pglock web backfill")
+        with conn, boundary(settings, conn):
+            delivery = replay.Delivery(board.app, conn, settings.tables, entry, lock)
+            replay.send_plan(found, delivery, BACKFILL_RATE)
+    except PgLockError:
+        logger.exception("the dashboard's backfill of %s stopped", entry.name)
