@@ -87,9 +87,12 @@ def strip(
     sched: Any, rows: list[Row], now: datetime, *, align: bool, size: int = STRIP
 ) -> list[Cell]:
     """The last ``size`` slots of an entry, oldest first: its rows, and the slots its
-    schedule says fell due that have none (``missed`` once the ledger knew the entry)."""
+    schedule says fell due that have none (``missed`` once the ledger knew the entry:
+    from its oldest row's creation on)."""
     cells = {row["slot"]: Cell(row["slot"], _moment(row), row["state"], row) for row in rows}
-    oldest = min((cell.at for cell in cells.values()), default=None)
+    # Since when the ledger knows the entry: its rows' creation, not their slots' times (a
+    # backfill writes old slots now, and the time between is not missed for it).
+    oldest = min((row["created_at"] for row in rows), default=None)
     for at in due_times(sched, now - GRACE, size, align=align):
         slot = slots.format_slot(at)
         if slot not in cells:

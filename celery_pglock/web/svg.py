@@ -121,7 +121,9 @@ def timeline(
         if wait.get("slot") in rows
     ]
     return {
-        "labels": [{"slot": slot, "y": n * ROW + ROW - 3} for slot, n in rows.items()],
+        "labels": [
+            {"slot": slot, "text": _short(slot), "y": n * ROW + ROW - 3} for slot, n in rows.items()
+        ],
         "bars": bars,
         "marks": marks,
         "height": max(1, len(rows)) * ROW + 20,
@@ -133,6 +135,11 @@ def timeline(
         "start_x": LABEL,
         "since": since,
     }
+
+
+def _short(slot: str, most: int = LABEL // 7) -> str:
+    """A slot's name as it fits left of the timeline (the whole name in its tooltip)."""
+    return slot if len(slot) <= most else slot[: most - 1] + "\N{HORIZONTAL ELLIPSIS}"
 
 
 def zoomed(since: datetime, until: datetime, moments: list[datetime]) -> datetime:
