@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from celery.schedules import crontab, schedule
@@ -179,15 +180,35 @@ def test_the_asgi_twin_serves_what_the_wsgi_app_serves() -> None:
         "root_path": "",
     }
 
-    async def get() -> list[dict[str, object]]:
+    async def get() -> tuple[dict[str, Any], bytes]:
         talk = ApplicationCommunicator(app, scope)
         await talk.send_input({"type": "http.request", "body": b""})
         start = await talk.receive_output(5)
-        body = await talk.receive_output(5)
-        return [start, body]
+        body = b""
+        while True:  # every body message, to the last: then the app's thread is done
+            message = await talk.receive_output(5)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await talk.wait(5)
+        return start, body
 
     start, body = asyncio.run(get())
     headers = {name.lower(): value for name, value in start["headers"]}  # type: ignore[attr-defined]
     assert 200 == start["status"]
     assert headers[b"content-security-policy"].startswith(b"default-src 'none'")
-    assert b".s-succeeded" in body["body"]  # type: ignore[operator]
+    assert b".s-succeeded" in body
+
+
+def test_a_backfilled_old_slot_does_not_make_the_time_before_the_entry_missed() -> None:
+    every = schedule(timedelta(seconds=10))
+    rows = [
+        row("2026-12-02T12:00:00Z", "succeeded", NOW - timedelta(seconds=30)),  # on time
+        row("2026-12-02T11:59:00Z", "succeeded", NOW),  # backfilled just now
+    ]
+
+    states = {c.slot: c.state for c in strip(every, rows, NOW, align=True, size=16)}
+
+    assert "succeeded" == states["2026-12-02T11:59:00Z"]
+    assert NO_RECORD == states["2026-12-02T11:59:50Z"]  # before the ledger knew the entry
+    assert MISSED == states["2026-12-02T12:00:10Z"]
