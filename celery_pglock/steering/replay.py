@@ -73,16 +73,18 @@ def trigger(
     entry: str,
     *,
     slot: str | None = None,
+    send_now: bool = True,
 ) -> Row:
     """Record one run of ``entry`` (slot ``manual:<now>`` unless given) and send it, unless
-    that slot already succeeded (``send`` false); what was done."""
+    that slot already succeeded (``send`` false); what was done. ``send_now`` false: the
+    caller sends it (with a ``Delivery``, which sends a ``locked`` slot again)."""
     found = schedule.entry(entry)
     slot = slot if slot is not None else controls.manual_slot()
     lock = schedule.lock_name(found)
     done = controls.record_trigger(
         conn, target, entry=entry, task=found.task, lock_name=lock, slot=slot
     )
-    if done["send"]:
+    if done["send"] and send_now:
         send(app, found, slot)
     return {**done, "entry": entry, "lock_name": lock, "slot": slot}
 

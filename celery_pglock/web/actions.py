@@ -25,7 +25,7 @@ from celery_pglock.failures import boundary
 from celery_pglock.messages import checked_slot
 from celery_pglock.sessions import connect
 from celery_pglock.steering import replay
-from celery_pglock.steering.apps import Schedule, namespace, send
+from celery_pglock.steering.apps import Schedule, namespace
 from celery_pglock.web.security import Identity, same_origin
 
 if TYPE_CHECKING:
@@ -187,7 +187,10 @@ def _do(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str])
             if ended is None:
                 raise ConfigurationError(f"{entry} is not paused")
             return ended
-        return replay.trigger(board.app, conn, target, schedule, entry)
+        made = replay.trigger(board.app, conn, target, schedule, entry, send_now=False)
+    if made["send"]:
+        _deliver(board, found, made["lock_name"], [{"slot": made["slot"], "action": "send"}])
+    return made
 
 
 def _rerun(
@@ -200,8 +203,8 @@ def _rerun(
         previous = controls.reopen(conn, target, lock_name=lock, slot=slot, reason=reason)
     if previous is None:
         raise ConfigurationError(f"slot {slot} of {lock} has not succeeded: nothing to run again")
-    task_id = send(board.app, entry, slot)
-    return {"lock_name": lock, "slot": slot, "previous": previous, "task_id": task_id}
+    _deliver(board, entry, lock, [{"slot": slot, "action": "send"}])
+    return {"lock_name": lock, "slot": slot, "previous": previous}
 
 
 def _backfill(
@@ -226,26 +229,32 @@ def _backfill(
             range=[fields["from"], fields["to"]],
             sent=sending,
         )
+    _deliver(board, entry, lock, found)
+    return {"entry": entry.name, "lock_name": lock, "slots": found, "sending": sending}
+
+
+def _deliver(board: Dashboard, entry: Any, lock: str, found: list[dict[str, Any]]) -> None:
+    """Send these slots in the background as the CLI sends them in the foreground: one at
+    a time, each once the one before ended, a slot skipped ``locked`` sent again."""
     thread = threading.Thread(
         target=_send_in_background,
         args=(board, entry, lock, found),
-        name="pglock-web-backfill",
+        name="pglock-web-send",
         daemon=True,
     )
     thread.start()
-    return {"entry": entry.name, "lock_name": lock, "slots": found, "sending": sending}
 
 
 def _send_in_background(
     board: Dashboard, entry: Any, lock: str, found: list[dict[str, Any]]
 ) -> None:
-    """Send a confirmed backfill's slots one at a time, each once the one before ended; a
-    failure is logged (nobody waits on this thread)."""
+    """Send confirmed slots one at a time, each once the one before ended; a failure is
+    logged (nobody waits on this thread)."""
     settings = app_settings(board.app)
     try:
-        conn = connect(settings, application_name="celery-pglock web backfill")
+        conn = connect(settings, application_name="celery-pglock web send")
         with conn, boundary(settings, conn):
             delivery = replay.Delivery(board.app, conn, settings.tables, entry, lock)
             replay.send_plan(found, delivery, BACKFILL_RATE)
     except PgLockError:
-        logger.exception("the dashboard's backfill of %s stopped", entry.name)
+        logger.exception("the dashboard's sending of %s slots stopped", entry.name)
