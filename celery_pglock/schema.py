@@ -48,6 +48,7 @@ TABLE_OBJECTS = (
 # Functions and statistics objects: schema-qualified and prefixed like the tables.
 FUNCTIONS = (
     "runs_entry_stats",
+    "skip_counts",
     "holds_lock",
     "next_token",
     "try_lock_any",

@@ -14,3 +14,13 @@ CREATE INDEX IF NOT EXISTS {audit_namespace_idx} ON {audit} (namespace, id);
 -- newest few by the index.
 CREATE STATISTICS IF NOT EXISTS {runs_entry_stats} (dependencies) ON lock_name, entry FROM {runs};
 ANALYZE {runs};
+
+-- The skips of one slot, counted by reason (NULL, NULL: none), for the dashboard's rows.
+-- A one-SELECT SQL function: PostgreSQL inlines it into the statement that joins it.
+CREATE OR REPLACE FUNCTION {skip_counts}(name text, slot_name text)
+RETURNS TABLE (skips integer, reasons jsonb) LANGUAGE sql STABLE AS $$
+    SELECT sum(g.n)::integer, jsonb_object_agg(g.reason, g.n)
+      FROM (SELECT k.reason, count(*) AS n FROM {skips} k
+             WHERE k.lock_name = name AND k.slot = slot_name
+             GROUP BY k.reason) g
+$$;

@@ -30,12 +30,7 @@ SELECT l.lock_name, l.entry, r.slot, r.state, r.attempts, r.token, r.task_id, r.
          ORDER BY u.created_at DESC
          LIMIT %(limit)s
  ) r
-  LEFT JOIN LATERAL (
-        SELECT sum(g.n)::integer AS skips, jsonb_object_agg(g.reason, g.n) AS reasons
-          FROM (SELECT k.reason, count(*) AS n FROM {skips} k
-                 WHERE k.lock_name = r.lock_name AND k.slot = r.slot
-                 GROUP BY k.reason) g
- ) s ON true
+  LEFT JOIN LATERAL {skip_counts}(r.lock_name, r.slot) s ON true
  ORDER BY l.entry, r.created_at;
 
 -- name: web_stats
@@ -93,12 +88,7 @@ SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_id, r.task_name
             AND x.created_at >= %(since)s AND x.created_at < %(until)s
           ORDER BY x.created_at DESC LIMIT %(limit)s + %(offset)s)
   ) r
-  LEFT JOIN LATERAL (
-        SELECT sum(g.n)::integer AS skips, jsonb_object_agg(g.reason, g.n) AS reasons
-          FROM (SELECT k.reason, count(*) AS n FROM {skips} k
-                 WHERE k.lock_name = r.lock_name AND k.slot = r.slot
-                 GROUP BY k.reason) g
-  ) s ON true
+  LEFT JOIN LATERAL {skip_counts}(r.lock_name, r.slot) s ON true
  ORDER BY r.created_at DESC, r.slot
  LIMIT %(limit)s OFFSET %(offset)s;
 
