@@ -24,7 +24,7 @@ from werkzeug.routing import Map, MapAdapter, Rule
 from werkzeug.wrappers import Request, Response
 
 from celery_pglock import ops
-from celery_pglock.config import app_settings, web_credentials
+from celery_pglock.config import app_settings, redact, web_credentials
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -266,9 +266,19 @@ class Dashboard:
     def error(
         self, request: Request, urls: MapAdapter, identity: Identity, status: int, message: str
     ) -> Response:
+        message = self._without_dsn(message)
         if request.path.startswith("/api/"):
             return _json({"error": message}, status=status)
         return self.page(request, urls, identity, "error.html", status=status, message=message)
+
+    def _without_dsn(self, message: str) -> str:
+        """The library names the server by its DSN (password masked) in its errors: the
+        dashboard shows no DSN at all."""
+        try:
+            dsn = app_settings(self.app).dsn
+        except ConfigurationError:
+            return message
+        return message.replace(f"PostgreSQL at {redact(dsn)!r}", "PostgreSQL")
 
 
 def _standalone(credentials: Credentials) -> Identify:

@@ -212,3 +212,23 @@ def test_a_backfilled_old_slot_does_not_make_the_time_before_the_entry_missed() 
     assert "succeeded" == states["2026-12-02T11:59:00Z"]
     assert NO_RECORD == states["2026-12-02T11:59:50Z"]  # before the ledger knew the entry
     assert MISSED == states["2026-12-02T12:00:10Z"]
+
+
+def test_an_unreachable_server_is_told_without_its_dsn() -> None:
+    from celery import Celery  # noqa: PLC0415
+    from werkzeug.test import Client  # noqa: PLC0415
+
+    from celery_pglock.web import make_app  # noqa: PLC0415
+
+    app = Celery("no-db", set_as_current=False)
+    app.conf.pglock_dsn = "postgresql://someone:s3cret@127.0.0.1:1/shop"
+    app.conf.pglock_connect_timeout = 1
+    client = Client(make_app(app))
+
+    for path in ("/locks", "/api/locks"):
+        response = client.get(path)
+        text = response.get_data(as_text=True)
+        assert 503 == response.status_code, text
+        assert "PostgreSQL" in text
+        for secret in ("s3cret", "someone", "shop", "postgresql://", "dbname="):
+            assert secret not in text
