@@ -15,7 +15,8 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.config import Settings, redact
+from celery_pglock.config import Settings
+from celery_pglock.dsn import redact
 from celery_pglock.failures import boundary, read_only
 from celery_pglock.schema import statement
 

@@ -22,8 +22,9 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from celery_pglock.config import Settings, check_dsn
+from celery_pglock.config import Settings
 from celery_pglock.db import Database
+from celery_pglock.dsn import check_dsn
 from celery_pglock.errors import PgLockError
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
