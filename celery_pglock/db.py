@@ -34,6 +34,7 @@ from celery_pglock.sessions import (
     check_writable,
     connect,
     connect_kwargs,
+    in_transaction,
     pooler_message,
     show_setting,
     transaction_pooled,
@@ -42,7 +43,6 @@ from celery_pglock.sessions import (
 
 logger = logging.getLogger("celery_pglock")
 
-IDLE = psycopg.pq.TransactionStatus.IDLE
 IDLE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 
 DEFAULT_POOL_SIZE = 4  # pglock_pool_size "auto" where tasks do not run as threads/greenlets
@@ -228,7 +228,7 @@ class Database:
             usable = not (conn.closed or conn.broken)
             conn.close()  # the session ends: the server frees whatever it still held
             return usable
-        if not clean or conn.info.transaction_status != IDLE:
+        if not clean or in_transaction(conn):
             self._reset(conn)  # closes it if it cannot be reset
         if conn.closed:
             self.pool.putconn(conn)  # forgotten, replaced by the pool
@@ -304,7 +304,7 @@ class Database:
         # returned on an error path needs the full reset (one extra round trip). One that
         # cannot be reset is closed: the pool then replaces it.
         try:
-            if conn.info.transaction_status != IDLE:
+            if in_transaction(conn):
                 conn.rollback()
             conn.autocommit = True  # else the reset opens a transaction
             reset = "reset_connection" if self.lease_supported else "reset_connection_pre14"

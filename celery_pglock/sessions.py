@@ -94,6 +94,11 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
     return shared or _backend_pid(conn) != first
 
 
+def in_transaction(conn: Connection) -> bool:
+    """Whether ``conn`` is not idle: inside a transaction, a failed one, or unknown."""
+    return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
 def _backend_pid(conn: Connection) -> int:
     row = conn.execute(statement("backend_pid")).fetchone()
     return int(row[0]) if row else 0
