@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -54,6 +55,7 @@ STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
 RESEND_CHECK_EVERY = 5.0
 ORPHAN_SWEEP_EVERY = 10.0  # seconds between two looks for rows a dead attempt left running
 REGISTER_EVERY = 60.0  # seconds between two refreshes of the tasks our entries send
+STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader goes on sending its tick's claims
 
 
 class EntryWithHeaders:
@@ -231,27 +233,48 @@ class PgLockSchedulerMixin:
 
     def _send_claimed(self, claims: list[Due], confirmations: Confirmations) -> int:
         """Publish ``claims`` in order, confirming them in batches as they go, while this
-        replica leads; how many went out."""
-        claimed_at = time.monotonic()
-        try:
-            for item in claims:
-                checked_at = time.monotonic()
-                if not self._still_leading(claimed_at):
-                    logger.warning(
-                        "not sending %s: leadership lost",
-                        item.entry.name,
-                        extra={"action": "pglock_beat_not_sent", "entry": item.entry.name},
-                    )
-                    break
-                if checked_at - claimed_at >= self.pglock_beat.lease / 3:
-                    claimed_at = checked_at  # the server just confirmed it: one ping per third
-                if self._publish(item):
-                    confirmations.sent(item)
-        except BaseException as exc:  # SystemExit from SIGTERM's handler, mid-tick
-            confirmations.flush_on_stop(exc)
-            raise
+        replica leads; how many went out. A stop (SIGTERM, Ctrl-C: Celery raises it here)
+        finishes the tick for up to ``STOP_FINISH_WITHIN`` s, a second one stops at once:
+        what went out is confirmed, the next leader sends the rest at once."""
+        todo, stop, finish_by = iter(claims), None, float("inf")
+        while True:
+            try:
+                self._publish_each(todo, confirmations, finish_by)
+                break
+            except (SystemExit, KeyboardInterrupt) as exc:
+                if stop is not None:
+                    confirmations.flush_on_stop(exc)
+                    raise
+                stop, finish_by = exc, time.monotonic() + STOP_FINISH_WITHIN
+                logger.info(
+                    "beat stopping: finishing the tick first (a second stop: at once)",
+                    extra={"action": "pglock_beat_stopping"},
+                )
+            except BaseException as exc:
+                confirmations.flush_on_stop(exc)
+                raise
         confirmations.flush()
+        if stop is not None:
+            raise stop
         return confirmations.confirmed
+
+    def _publish_each(self, todo: Iterator[Due], confirmations: Confirmations, by: float) -> None:
+        checked_at = time.monotonic()
+        for item in todo:
+            now = time.monotonic()
+            if now > by:
+                return  # stopping: the rest is the next leader's, at once
+            if not self._still_leading(checked_at):
+                logger.warning(
+                    "not sending %s: leadership lost",
+                    item.entry.name,
+                    extra={"action": "pglock_beat_not_sent", "entry": item.entry.name},
+                )
+                return
+            if now - checked_at >= self.pglock_beat.lease / 3:
+                checked_at = now  # the server just confirmed it: one ping per third
+            if self._publish(item):
+                confirmations.sent(item)
 
     def _still_leading(self, claimed_at: float) -> bool:
         # A pause between claim and publish (SIGSTOP) may have cost us the lease.
