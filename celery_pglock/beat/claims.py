@@ -68,13 +68,14 @@ class BeatClaims:
         sent = sorted(sent, key=_claim_order)  # rows updated in the claims' order
         if not sent:
             return
+        run_at = {slot: slots.parse_slot(slot) for slot in {d.slot for d in sent}}  # a few
         self._run_query(
             "beat_confirm",
             {
                 "namespace": self.settings.namespace,
                 "entries": [d.entry.name for d in sent],
                 "slots": [d.slot for d in sent],
-                "run_ats": [slots.parse_slot(d.slot) for d in sent],
+                "run_ats": [run_at[d.slot] for d in sent],
             },
         )
 
