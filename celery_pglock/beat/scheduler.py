@@ -11,7 +11,8 @@ batches as they go (``sending``); then it re-sends claims never confirmed, sweep
 attempts left running, and prunes the ledger (``retention``). A new leader first re-sends,
 at once, every claim a stopped or dead leader left unconfirmed. Stopped mid-tick (SIGTERM:
 Celery's handler closes the scheduler and raises SystemExit inside the tick), the replica
-confirms what it sent before it resigns.
+sends the rest of the tick first (up to ``STOP_FINISH_WITHIN``; a second stop: at once)
+and confirms what it sent before it resigns.
 """
 
 from __future__ import annotations
@@ -387,7 +388,7 @@ class PgLockSchedulerMixin:
     def close(self) -> None:
         if self._ticking:
             # Celery's SIGTERM handler, in the middle of a tick: the SystemExit it raises
-            # next unwinds the tick, which confirms what it sent, then resigns (tick()).
+            # next finishes the tick (_send_claimed), which then unwinds and resigns here.
             self._close_pending = True
             return
         self._close_pending = False
