@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.claims import RESEND_LIMIT, BeatClaims
 from celery_pglock.beat.planner import Due
+from celery_pglock.beat.sending import CONFIRM_BATCH, Confirmations
 from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.keys import lock_key
 
 SLOT_A, SLOT_B = "2026-11-29T18:05:00Z", "2026-11-29T18:05:10Z"
@@ -125,3 +127,57 @@ def test_the_orphan_sweep_reports_each_row_it_recorded_failed(
     [record] = caplog.records
     assert "abandon_orphans" == run.calls[0][0]
     assert "token 7" in record.getMessage()
+
+
+def test_a_new_leader_takes_over_every_unconfirmed_claim_at_once(settings: BeatSettings) -> None:
+    """Whoever claimed them no longer leads: no wait for pglock_beat_resend_after, and a
+    whole batch per statement (not 100 a tick)."""
+    run = Recorder(beat_unsent=[("a", SLOT_A)])
+
+    BeatClaims(settings, run).unconfirmed(at_once=True)
+
+    params = run.params("beat_unsent")
+    assert (0.0, RESEND_LIMIT) == (params["after"], params["limit"])
+
+
+def test_sends_are_confirmed_in_batches_as_they_go_and_the_rest_at_the_end(
+    settings: BeatSettings,
+) -> None:
+    """Every CONFIRM_BATCH messages one confirmation, then one for the remainder; paused
+    claims ride with the first."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run), [due("p", SLOT_A)])
+
+    for n in range(2 * CONFIRM_BATCH + 5):
+        confirmations.sent(due(f"e{n:04d}", SLOT_A))
+    confirmations.flush()
+
+    sizes = [len(params["entries"]) for name, params in run.calls if name == "beat_confirm"]
+    assert 2 * CONFIRM_BATCH + 6 == sum(sizes) == confirmations.confirmed
+    assert max(sizes) <= CONFIRM_BATCH, sizes
+    assert len(sizes) >= 3, sizes
+
+
+def test_a_stop_mid_tick_confirms_what_went_out_and_says_so_when_it_cannot(
+    settings: BeatSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM mid-tick: what was sent is confirmed; if PostgreSQL refuses, one WARNING
+    says how many are left to the next leader, and the stop goes on (no new error)."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run))
+    confirmations.sent(due("a", SLOT_A))
+
+    confirmations.flush_on_stop(SystemExit())
+
+    assert ["a"] == run.params("beat_confirm")["entries"]
+
+    def refuse(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        raise DatabaseUnavailable("gone")
+
+    confirmations = Confirmations(BeatClaims(settings, refuse))
+    confirmations.sent(due("b", SLOT_A))
+    with caplog.at_level(logging.WARNING, logger="celery_pglock"):
+        confirmations.flush_on_stop(SystemExit())
+
+    [record] = caplog.records
+    assert "1 sent message(s) left unconfirmed" in record.getMessage()
