@@ -40,7 +40,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_auto_migrate": True,
     "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
     "pglock_connect_timeout": 5.0,
-    # Idle connections of a process are closed after this many seconds (None: kept).
+    # Idle connections of a process are closed after this many seconds (0: kept).
     "pglock_idle_timeout": 30.0,
     # Connection slots of the server a process never takes (left to other clients).
     "pglock_spare_connections": 5,
@@ -175,7 +175,7 @@ class Settings:
     auto_migrate: bool = True
     pool_size: int | None = None  # None: "auto", resolved per process by celery_pglock.db
     connect_timeout: float = 5.0
-    idle_timeout: float | None = 30.0  # None: idle connections are kept
+    idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept
     spare_connections: int = 5  # server slots never taken by a process's second connection on
     retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
     max_retries: int | None = None  # failed attempts before giving up; None: never
@@ -420,8 +420,10 @@ def _pool_size(value: Any) -> int | None:
 
 
 def _idle_timeout(value: Any) -> float | None:
-    """``pglock_idle_timeout``: seconds > 0, or None (idle connections are kept)."""
-    return None if value is None else float(_positive(value, "pglock_idle_timeout"))
+    """``pglock_idle_timeout``: seconds > 0, or 0 (idle connections are kept: None)."""
+    if value == 0 and not isinstance(value, bool):
+        return None
+    return float(_positive(value, "pglock_idle_timeout"))
 
 
 def _spare(value: Any) -> int:

@@ -74,6 +74,7 @@ class Pool:
         self._given_back = time.monotonic()  # last time a connection came back
         self._full_until = 0.0
         self._full_reason: ServerFull | None = None
+        self._opening = 0  # connections being opened (counted in _size)
         self._sweeper: threading.Thread | None = None
         self._closed = False
 
@@ -110,7 +111,7 @@ class Pool:
                 if self._idle and not self._waiters:
                     conn, _, pending = self._idle.pop()
                 elif self._may_open() and not self._waiters:
-                    self._size += 1
+                    self._reserve()
                     conn, pending = None, False
                 else:
                     waiter = _Waiter()
@@ -167,7 +168,25 @@ class Pool:
     # -- inside --------------------------------------------------------------------------
 
     def _may_open(self) -> bool:
-        return self._size < self.max_size and time.monotonic() >= self._full_until
+        """Whether a caller may open a connection now: under the cap, the server not
+        refusing, and no other being opened (one at a time, so that the check of the
+        server's free slots counts every connection of ours)."""
+        if self._size >= self.max_size or time.monotonic() < self._full_until:
+            return False
+        return self._opening == 0
+
+    def _reserve(self) -> None:
+        """Count a connection about to be opened (with the lock held)."""
+        self._size += 1
+        self._opening += 1
+
+    def _offer_place(self) -> None:
+        """The longest waiter opens a connection, if one may be opened (lock held)."""
+        if self._waiters and self._may_open():
+            waiter = self._waiters.popleft()
+            waiter.may_open = True
+            self._reserve()
+            waiter.event.set()
 
     def _wait(self, waiter: _Waiter) -> Connection | None:
         """Wait to be handed a connection (or a place to open one); ``DatabaseUnavailable``
@@ -186,7 +205,7 @@ class Pool:
                 # The server's pause ended, or a place freed: the longest waiter opens one.
                 if self._waiters[0] is waiter and self._may_open():
                     self._waiters.remove(waiter)
-                    self._size += 1
+                    self._reserve()
                     return None
                 if self._given_back + self.timeout > time.monotonic():
                     continue
@@ -208,33 +227,33 @@ class Pool:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return self._connect()
+                conn = self._connect()
             except ServerFull as full:
                 with self._lock:
                     self._full_reason = full
                     self._full_until = time.monotonic() + FULL_PAUSE
-                    if self._size > 1:  # others of ours will come back: wait for them
+                    if self._size > 1 or time.monotonic() >= deadline:
+                        self._opening -= 1
                         self._forget()
-                        return None
-                if time.monotonic() >= deadline:
-                    with self._lock:
-                        self._forget()
-                    raise
-                time.sleep(RETRY_FULL)
+                        if self._size:  # others of ours will come back: wait for them
+                            return None
+                        raise
+                time.sleep(RETRY_FULL)  # holding none: try again
+                continue
             except BaseException:
                 with self._lock:
+                    self._opening -= 1
                     self._forget()
                 raise
+            with self._lock:
+                self._opening -= 1
+                self._offer_place()
+            return conn
 
     def _forget(self) -> None:
-        """One connection less (closed, or never opened); its place goes to a waiter.
-        Called with the lock held."""
+        """One connection less (closed); its place goes to a waiter. Lock held."""
         self._size -= 1
-        if self._waiters and self._may_open():
-            waiter = self._waiters.popleft()
-            waiter.may_open = True
-            self._size += 1
-            waiter.event.set()
+        self._offer_place()
 
     def _read_reply(self, conn: Connection) -> bool:
         try:
