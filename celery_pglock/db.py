@@ -186,15 +186,17 @@ class Database:
         holding others, fewer than ``pglock_spare_connections`` server slots remain."""
         conn = self._connect_once()
         try:
-            if self.pool.size > 1 and self.settings.spare_connections:
+            spare = self.settings.spare_connections
+            if spare:
                 with boundary(self.settings):
                     row = conn.execute(statement("free_connection_slots")).fetchone()
                 free = int(row[0]) if row and row[0] is not None else 0
-                if free < self.settings.spare_connections:
+                self.pool.note_headroom(free - spare)
+                if free < spare and self.pool.size > 1:
                     raise ServerFull(
                         f"PostgreSQL has {max(free, 0)} connection slots left, fewer than "
-                        f"pglock_spare_connections ({self.settings.spare_connections}): this "
-                        "process waits for one of its own connections instead"
+                        f"pglock_spare_connections ({spare}): this process waits for one of "
+                        "its own connections instead"
                     )
         except BaseException:
             conn.close()

@@ -38,6 +38,7 @@ Connection = psycopg.Connection[Any]
 
 FULL_PAUSE = 1.0  # after the server refused a connection: wait for ours meanwhile
 RETRY_FULL = 0.2  # holding none, how often to try again while the server is full
+MAX_OPENING = 16  # connections a process opens at once, far from the server's limit
 
 
 class _Waiter:
@@ -75,6 +76,7 @@ class Pool:
         self._full_until = 0.0
         self._full_reason: ServerFull | None = None
         self._opening = 0  # connections being opened (counted in _size)
+        self._headroom = 0  # free server slots beyond the spare ones, as last seen
         self._sweeper: threading.Thread | None = None
         self._closed = False
 
@@ -93,6 +95,13 @@ class Pool:
     @property
     def waiters(self) -> int:
         return len(self._waiters)
+
+    def note_headroom(self, slots: int) -> None:
+        """The server's free slots beyond those left to others, seen by a new connection:
+        how many connections this process may open at once (half of them, at most
+        ``MAX_OPENING``); one at a time near the limit."""
+        with self._lock:
+            self._headroom = slots
 
     def resize(self, max_size: int) -> None:
         with self._lock:
@@ -169,11 +178,12 @@ class Pool:
 
     def _may_open(self) -> bool:
         """Whether a caller may open a connection now: under the cap, the server not
-        refusing, and no other being opened (one at a time, so that the check of the
-        server's free slots counts every connection of ours)."""
+        refusing, and few enough being opened at once: far from the server's limit, up to
+        half the free slots seen last (``note_headroom``); near it, one at a time, so that
+        the check of the free slots counts every connection of ours."""
         if self._size >= self.max_size or time.monotonic() < self._full_until:
             return False
-        return self._opening == 0
+        return self._opening < max(1, min(MAX_OPENING, self._headroom // 2))
 
     def _reserve(self) -> None:
         """Count a connection about to be opened (with the lock held)."""
