@@ -242,8 +242,8 @@ def main() -> None:
     only = ENV.get("BENCH_BUDGET_CASES")  # e.g. "gevent:100,threads:1000"
     cases = CASES
     if only:
-        picked = {tuple(item.split(":")) for item in only.split(",")}
-        cases = tuple(c for c in CASES if (c.pool, str(c.tasks)) in picked)
+        pairs = [item.split(":") for item in only.split(",")]
+        cases = tuple(Case(pool, int(tasks)) for pool, tasks in pairs)
     try:
         lines, _ = section(run(env, cases))
     finally:
