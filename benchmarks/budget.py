@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 from celery import Celery
 
 from benchmarks import common
@@ -95,6 +96,8 @@ class Outcome:
     failed: int
     cpu_per_task: float  # seconds
     announced: str
+    busy_client_ok: bool | None  # a new client connected mid-burst
+    client_ok: bool  # ... and 2 s after the last result
 
 
 @contextmanager
@@ -108,6 +111,15 @@ def small_server() -> Iterator[str]:
         server.set_config(max_connections=MAX_CONNECTIONS)
         server.start()
         yield server.dsn
+
+
+def client_connects(dsn: str) -> bool:
+    """Whether another client (``celery pglock status``, the application) gets a session."""
+    try:
+        psycopg.connect(dsn, connect_timeout=5).close()
+    except psycopg.OperationalError:
+        return False
+    return True
 
 
 def tree_cpu(pid: int) -> float:
@@ -155,8 +167,11 @@ def measure(env: dict[str, str], dsn: str, case: Case, *, with_lock: bool) -> Ou
                     task.apply_async((f"{queue}-{run}-{i}",), queue=queue)
                     for i in range(case.tasks)
                 ]
+                busy_client_ok = None
                 failed = 0
-                for result in results:
+                for number, result in enumerate(results):
+                    if number == len(results) // 2:  # mid-burst: can another client connect?
+                        busy_client_ok = client_connects(dsn)
                     try:
                         result.get(timeout=600, propagate=True)
                     except Exception:
@@ -165,14 +180,14 @@ def measure(env: dict[str, str], dsn: str, case: Case, *, with_lock: bool) -> Ou
                 cpu = tree_cpu(proc.pid) - cpu_before
                 time.sleep(2.0)
                 after = sampler.count()
-            deadline = time.monotonic() + IDLE_TIMEOUT * 3
-            after_idle = after
-            while time.monotonic() < deadline:
-                with Sampler(dsn) as quiet:
-                    after_idle = quiet.count()
-                if after_idle == 0:
-                    break
-                time.sleep(0.5)
+                client_ok = client_connects(dsn)
+                deadline = time.monotonic() + IDLE_TIMEOUT * 3
+                after_idle = after
+                while time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    after_idle = sampler.count()
+                    if after_idle == 0:
+                        break
             text = log.read_text(errors="replace")
         finally:
             common.stop_process(proc, timeout=120)
@@ -189,6 +204,8 @@ def measure(env: dict[str, str], dsn: str, case: Case, *, with_lock: bool) -> Ou
         failed=failed,
         cpu_per_task=cpu / case.tasks,
         announced=re.sub(r"^\[[^]]*\] ", "", announced),
+        busy_client_ok=busy_client_ok,
+        client_ok=client_ok,
     )
 
 
@@ -203,15 +220,21 @@ def run(env: dict[str, str], cases: Sequence[Case] = CASES) -> list[Outcome]:
                 what = "locked" if with_lock else "plain"
                 print(f"   {case.pool} -c {case.concurrency}, {case.tasks} {what}", flush=True)
                 outcomes.append(measure(worker_env, dsn, case, with_lock=with_lock))
+                print("  ", outcomes[-1], flush=True)
     return outcomes
+
+
+def yes(value: bool | None) -> str:
+    return "no" if value is False else "yes"
 
 
 def section(outcomes: Sequence[Outcome]) -> tuple[list[str], list[Any]]:
     plain_of = {o.case: o for o in outcomes if not o.locked}
     rows = [
         "| pool | concurrency | tasks at once | wall (plain Celery) | ratio | peak library "
-        "connections | 2 s after | after idle | retries | failed | CPU per task (plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "connections | 2 s after | after idle | another client connects (burst / after) | "
+        "retries | failed | CPU per task (plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         if not o.locked:
@@ -220,7 +243,8 @@ def section(outcomes: Sequence[Outcome]) -> tuple[list[str], list[Any]]:
         rows.append(
             f"| `{o.case.pool}` | {o.case.concurrency} | {o.case.tasks} | {o.wall:.2f} s "
             f"({p.wall:.2f} s) | {o.wall / p.wall:.2f}{common.TIMES} | {o.peak} | {o.after} | "
-            f"{o.after_idle} | {o.retries} | {o.failed} | {o.cpu_per_task * 1000:.1f} ms "
+            f"{o.after_idle} | {yes(o.busy_client_ok)} / {yes(o.client_ok)} | "
+            f"{o.retries} | {o.failed} | {o.cpu_per_task * 1000:.1f} ms "
             f"({p.cpu_per_task * 1000:.1f} ms) |"
         )
     said = sorted(
