@@ -176,7 +176,7 @@ class Settings:
     pool_size: int | None = None  # None: "auto", resolved per process by celery_pglock.db
     connect_timeout: float = 5.0
     idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept
-    spare_connections: int = 5  # server slots never taken by a process's second connection on
+    spare_connections: int = 5  # server slots a process's lock connections never take
     retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
     max_retries: int | None = None  # failed attempts before giving up; None: never
 

@@ -182,8 +182,9 @@ class Database:
         return conn
 
     def _open_connection(self) -> Connection:
-        """A new connection for the pool: refused (``ServerFull``) when, this process
-        holding others, fewer than ``pglock_spare_connections`` server slots remain."""
+        """A new connection for the pool: refused (``ServerFull``) when fewer than
+        ``pglock_spare_connections`` server slots remain (the pool then waits for one of
+        this process's own connections, or, holding none, tries again a while)."""
         conn = self._connect_once()
         try:
             spare = self.settings.spare_connections
@@ -192,11 +193,10 @@ class Database:
                     row = conn.execute(statement("free_connection_slots")).fetchone()
                 free = int(row[0]) if row and row[0] is not None else 0
                 self.pool.note_headroom(free - spare)
-                if free < spare and self.pool.size > 1:
+                if free < spare:
                     raise ServerFull(
                         f"PostgreSQL has {max(free, 0)} connection slots left, fewer than "
-                        f"pglock_spare_connections ({spare}): this process waits for one of "
-                        "its own connections instead"
+                        f"pglock_spare_connections ({spare}), left to other clients"
                     )
         except BaseException:
             conn.close()

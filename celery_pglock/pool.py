@@ -181,8 +181,10 @@ class Pool:
         refusing, and few enough being opened at once: far from the server's limit, up to
         half the free slots seen last (``note_headroom``); near it, one at a time, so that
         the check of the free slots counts every connection of ours."""
-        if self._size >= self.max_size or time.monotonic() < self._full_until:
+        if self._size >= self.max_size:
             return False
+        if self._size and time.monotonic() < self._full_until:
+            return False  # the server refused lately: wait for one of ours meanwhile
         return self._opening < max(1, min(MAX_OPENING, self._headroom // 2))
 
     def _reserve(self) -> None:
@@ -201,9 +203,10 @@ class Pool:
     def _wait(self, waiter: _Waiter) -> Connection | None:
         """Wait to be handed a connection (or a place to open one); ``DatabaseUnavailable``
         after ``timeout`` without any connection of this process given back."""
+        started = time.monotonic()
         while True:
             with self._lock:
-                quiet_since = self._given_back
+                quiet_since = max(started, self._given_back)
             remaining = quiet_since + self.timeout - time.monotonic()
             if waiter.event.wait(min(max(0.0, remaining), RETRY_FULL * 5)):
                 if waiter.conn is None and not waiter.may_open:
@@ -217,7 +220,7 @@ class Pool:
                     self._waiters.remove(waiter)
                     self._reserve()
                     return None
-                if self._given_back + self.timeout > time.monotonic():
+                if max(started, self._given_back) + self.timeout > time.monotonic():
                     continue
                 self._waiters.remove(waiter)
                 raise self._timed_out()

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from celery_pglock.config import Settings
+from celery_pglock.errors import ServerFull
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
+from celery_pglock.schema import statement
+from tests.fixtures.pg import fresh_schema, started_embedded
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
 from tests.integration.test_pool_handover import run_threads
@@ -118,3 +122,34 @@ def test_waiters_are_served_in_order(pg_dsn: str, pglock_schema: str) -> None:
             thread.join(30)
 
     assert [0, 1, 2, 3, 4] == served
+
+
+def test_the_server_last_slots_are_left_to_other_clients() -> None:
+    """With fewer than pglock_spare_connections slots left, a process holding no connection
+    takes none (ServerFull after pglock_connect_timeout); with one more free, it does."""
+    with started_embedded() as server:
+        server.set_config(max_connections=12)  # 12 - 3 reserved for superusers: 9 for all
+        server.restart()
+        with fresh_schema(server.dsn) as schema:
+            settings = Settings(dsn=server.dsn, schema=schema, connect_timeout=1.0)
+            with open_database(settings) as db, ExitStack() as others:
+                # Other clients leave 4 slots (the test's fixtures hold none on this server).
+                while free_slots(server.dsn) > 4:
+                    others.enter_context(psycopg.connect(server.dsn, autocommit=True))
+
+                with pytest.raises(ServerFull, match="pglock_spare_connections"):
+                    db.getconn()
+                assert 0 == db.pool.size
+
+                others.close()  # the other clients leave (their sessions end a moment later)
+                wait_until(lambda: free_slots(server.dsn) == 9, timeout=10, message="all free")
+                conn = db.getconn()
+                db.putconn(conn, clean=True)
+                assert 1 == db.pool.size
+
+
+def free_slots(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(statement("free_connection_slots")).fetchone()
+    assert row is not None
+    return int(row[0]) + 1  # this look-up's own session is free again after it
