@@ -54,6 +54,9 @@ app.conf.update(
     pglock_idle_timeout=IDLE_TIMEOUT,
 )
 
+if ENV.get("BENCH_POOL_SIZE"):  # an explicit pglock_pool_size (unset: "auto")
+    app.conf.pglock_pool_size = int(ENV["BENCH_POOL_SIZE"])
+
 
 def own_key(n: str, **_: Any) -> str:
     return n
