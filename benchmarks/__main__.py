@@ -36,6 +36,7 @@ SECTIONS = (
     "pgfailover",
     "policies",
     "adhoc",
+    "budget",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -233,6 +234,12 @@ def run_sections(run: Run) -> None:
             return out
 
         run.section("4. Ledger scale", body4)
+    later_sections(run)
+
+
+def later_sections(run: Run) -> None:
+    """Sections 7 to 12: each starts what it needs (servers, workers) itself."""
+    only = run.args.only
     if "enqueue" in only:
         run.section("7. Enqueue-time check (`pglock_check_on_enqueue`)", lambda: enqueue(run))
     if "pools" in only:
@@ -247,6 +254,10 @@ def run_sections(run: Run) -> None:
         run.section(policies_title(), lambda: policies_section(run))
     if "adhoc" in only:
         run.section(adhoc_title(), lambda: adhoc_section(run))
+    if "budget" in only:
+        run.section(
+            "12. The connection budget (`max_connections = 100`)", lambda: budget_section(run)
+        )
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
@@ -324,6 +335,15 @@ def adhoc_section(run: Run) -> tuple[list[str], list[Any]]:
     rounds, per_batch = (2, 200) if run.args.quick else (5, 1000)
     lines, targets = adhoc.measure(run.dsn, run.env["BENCH_BROKER_URL"], rounds, per_batch)
     return lines, targets
+
+
+def budget_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.budget``: 100 and 1,000 locked tasks at once per pool, on a server of
+    100 connections, against plain Celery."""
+    from benchmarks import budget  # noqa: PLC0415
+
+    cases = (budget.Case("threads", 20), budget.Case("gevent", 20)) if run.args.quick else None
+    return budget.section(budget.run(run.env, cases or budget.CASES))
 
 
 def summary(targets: list[Any], written: bool) -> str:

@@ -249,7 +249,7 @@ def test_no_secret_in_task_results(run: Run) -> None:
     ids += [r["task_id"] for r in run.workload.executions()]
     retries = json.dumps(run.facts["retry-metas"])
     stored = json.dumps(run.workload.metas(ids)) + retries
-    assert "DatabaseUnavailable" in retries
+    assert "DatabaseUnavailable" in retries or "ServerFull" in retries  # the role's cap
     assert [] == [secret for secret in run.facts["secrets"] if secret in stored]
 
 
