@@ -44,7 +44,6 @@ PACKAGES = (
     "celery",
     "kombu",
     "psycopg",
-    "psycopg-pool",
     "redis",
     "celery-once",
     "celery-singleton",
