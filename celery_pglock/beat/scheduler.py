@@ -32,7 +32,7 @@ from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
-from celery_pglock.beat.sending import Confirmations
+from celery_pglock.beat.sending import Confirmations, batched
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.config import TaskOptions
 from celery_pglock.db import check_server, database
@@ -240,7 +240,8 @@ class PgLockSchedulerMixin:
         todo, stop, finish_by = iter(claims), None, float("inf")
         while True:
             try:
-                self._publish_each(todo, confirmations, finish_by)
+                with batched(self.producer, confirmations):
+                    self._publish_each(todo, confirmations, finish_by)
                 break
             except (SystemExit, KeyboardInterrupt) as exc:
                 if stop is not None:
