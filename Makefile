@@ -72,7 +72,7 @@ test-failover: $(STAMP)
 	$(call phases,tests/failover)
 
 ## make test-compat: the supported-versions promise. Builds the wheel; on the LOWEST supported
-## Celery, psycopg and psycopg-pool (pyproject.toml's lower bounds, pinned with ==) runs the
+## Celery and psycopg (pyproject.toml's lower bounds, pinned with ==) runs the
 ## unit tier and the real-worker smoke test; then installs the wheel with only what the
 ## README's install line names (plus redis and pytest), on the newest versions pip resolves,
 ## and runs the smoke test from outside the source tree. Needs PGLOCK_TEST_DSN and Redis
@@ -82,14 +82,14 @@ COMPAT := .compat
 # pip takes celery-pglock from the wheel just built (its version pinned), the rest from PyPI.
 README_INSTALL := $(shell sed -n '/^\#\# Install/,/^\#\# /p' README.md | grep -m1 '^pip install')
 VERSION := $(shell sed -nE 's/^__version__ = "([^"]+)".*/\1/p' celery_pglock/__init__.py)
-LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg|psycopg-pool)>=([0-9.]+)",.*/\1==\2/p' pyproject.toml)
+LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg)>=([0-9.]+)",.*/\1==\2/p' pyproject.toml)
 # psycopg[binary]==3.2.0 asks for an unpublished psycopg-binary: pin the binary directly.
 LOWEST_BINARY := $(patsubst psycopg==%,psycopg-binary==%,$(filter psycopg==%,$(LOWEST)))
 # What tests/unit imports besides the package (none of the dev-only extras); pytest-xdist
 # because pyproject's addopts name --dist and tests/fixtures/sharing.py schedules with it.
 UNIT_DEPS := pytest pytest-timeout pytest-xdist redis pyyaml rich sqlalchemy ephem
 VERSIONS := from importlib.metadata import version; \
-	print(*(f"{n} {version(n)}" for n in ("celery", "kombu", "psycopg", "psycopg-pool", "redis")), sep=", ")
+	print(*(f"{n} {version(n)}" for n in ("celery", "kombu", "psycopg", "redis")), sep=", ")
 INSTALLED := import sys, celery_pglock; f = celery_pglock.__file__; print("celery_pglock:", f); \
 	sys.exit(None if "site-packages" in f else "not the installed wheel")
 # $(call smoke,VENV): the smoke test, copied to a temporary folder and run there with VENV.
@@ -102,7 +102,7 @@ define smoke
 endef
 
 test-compat:
-	@test $(words $(LOWEST)) -eq 3 || { echo "no lower bounds of celery, psycopg, psycopg-pool found in pyproject.toml"; exit 1; }
+	@test $(words $(LOWEST)) -eq 2 || { echo "no lower bounds of celery, psycopg found in pyproject.toml"; exit 1; }
 	rm -rf $(COMPAT)
 	$(PYTHON) -m venv $(COMPAT)/lowest
 	$(COMPAT)/lowest/bin/python -m pip wheel -q --no-deps -w $(COMPAT)/dist .

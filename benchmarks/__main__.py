@@ -36,6 +36,7 @@ SECTIONS = (
     "pgfailover",
     "policies",
     "adhoc",
+    "budget",
     "dashboard",
 )
 DOCS = common.ROOT / "docs"
@@ -44,7 +45,6 @@ PACKAGES = (
     "celery",
     "kombu",
     "psycopg",
-    "psycopg-pool",
     "redis",
     "celery-once",
     "celery-singleton",
@@ -82,7 +82,6 @@ PARAMS: dict[bool, dict[str, Any]] = {
         "default_trials": 3,
         "observe": 20.0,
         "tick_rounds": 3,
-        "stock": True,
         "sizes": [0, 1_000_000, 10_000_000],
         "claims": 2000,
         "prune_size": 1_000_000,
@@ -97,7 +96,6 @@ PARAMS: dict[bool, dict[str, Any]] = {
         "default_trials": 1,
         "observe": 5.0,
         "tick_rounds": 1,
-        "stock": False,
         "sizes": [0, 100_000],
         "claims": 300,
         "prune_size": 100_000,
@@ -221,12 +219,10 @@ def run_sections(run: Run) -> None:
     if "tick" in only:
 
         def body3() -> tuple[list[str], list[Any]]:
-            result = tick.run(
-                run.dsn, run.env["BENCH_BROKER_URL"], rounds=p["tick_rounds"], stock=p["stock"]
-            )
+            result = tick.run(run.dsn, run.env["BENCH_BROKER_URL"], rounds=p["tick_rounds"])
             return report_beat.tick_section(result)
 
-        run.section("3. Beat tick with 10,000 due entries", body3)
+        run.section("3. Beat tick with 1,000 and 10,000 due entries", body3)
     if "ledger" in only:
 
         def body4() -> tuple[list[str], list[Any]]:
@@ -238,6 +234,12 @@ def run_sections(run: Run) -> None:
             return out
 
         run.section("4. Ledger scale", body4)
+    later_sections(run)
+
+
+def later_sections(run: Run) -> None:
+    """Sections 7 to 13: each starts what it needs (servers, workers) itself."""
+    only = run.args.only
     if "enqueue" in only:
         run.section("7. Enqueue-time check (`pglock_check_on_enqueue`)", lambda: enqueue(run))
     if "pools" in only:
@@ -248,15 +250,19 @@ def run_sections(run: Run) -> None:
         run.section(
             "9. PostgreSQL failover: a promoted streaming replica", lambda: pg_failover_section(run)
         )
-    if "policies" in only:
+    newest_sections(run)
+
+
+def newest_sections(run: Run) -> None:
+    """Sections 10 to 13, each in a module of its own."""
+    if "policies" in run.args.only:
         run.section(policies_title(), lambda: policies_section(run))
-    later_sections(run)
-
-
-def later_sections(run: Run) -> None:
-    """The sections that came later, each in a module of its own."""
     if "adhoc" in run.args.only:
         run.section(adhoc_title(), lambda: adhoc_section(run))
+    if "budget" in run.args.only:
+        run.section(
+            "12. The connection budget (`max_connections = 100`)", lambda: budget_section(run)
+        )
     if "dashboard" in run.args.only:
         run.section(dashboard_title(), lambda: dashboard_section(run))
 
@@ -336,6 +342,15 @@ def adhoc_section(run: Run) -> tuple[list[str], list[Any]]:
     rounds, per_batch = (2, 200) if run.args.quick else (5, 1000)
     lines, targets = adhoc.measure(run.dsn, run.env["BENCH_BROKER_URL"], rounds, per_batch)
     return lines, targets
+
+
+def budget_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.budget``: 100 and 1,000 locked tasks at once per pool, on a server of
+    100 connections, against plain Celery."""
+    from benchmarks import budget  # noqa: PLC0415
+
+    cases = (budget.Case("threads", 20), budget.Case("gevent", 20)) if run.args.quick else None
+    return budget.section(budget.run(run.env, cases or budget.CASES))
 
 
 def summary(targets: list[Any], written: bool) -> str:

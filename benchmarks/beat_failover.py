@@ -1,20 +1,17 @@
-"""Beat failover time and the cost of a big tick: ``python -m benchmarks.beat_failover``.
+"""Beat failover time: ``python -m benchmarks.beat_failover``.
 
-1. Failover. Three ``celery beat`` replicas (leader election on) send one entry every
-   second. A trial SIGKILLs, or SIGSTOPs for twice the lease, the replica that leads, at
-   a random phase of the second, and reads from ``beat_sends`` the first claim a new
-   leader makes. Per trial:
+Three ``celery beat`` replicas (leader election on) send one entry every second. A
+trial SIGKILLs, or SIGSTOPs for twice the lease, the replica that leads, at a random
+phase of the second, and reads from ``beat_sends`` the first claim a new leader makes.
+Per trial:
 
-   - *lateness*: ``claimed_at - slot`` of that first claim (how late the new leader
-     sent the slot it sent first);
-   - *gap*: ``claimed_at`` of that claim minus the due time of the first slot the old
-     leader did not send (how long nobody sent anything that was due);
-   - *missed*: slots between the old leader's last and the new leader's first.
+- *lateness*: ``claimed_at - slot`` of that first claim (how late the new leader sent
+  the slot it sent first);
+- *gap*: ``claimed_at`` of that claim minus the due time of the first slot the old
+  leader did not send (how long nobody sent anything that was due);
+- *missed*: slots between the old leader's last and the new leader's first.
 
-2. Tick cost. One scheduler with 10,000 entries all due at once sends them all: the
-   ``PgLockScheduler`` tick (due computation, one claim round trip, the sends to Redis,
-   one confirm round trip) against Celery's stock ``Scheduler`` sending the same entries
-   (one per ``tick()`` call, as stock beat does).
+The cost of one tick with many due entries: ``python -m benchmarks.tick``.
 
 PostgreSQL: ``PGLOCK_DSN`` if set, else a private embedded server. Redis:
 ``PGLOCK_TEST_REDIS_URL`` or ``redis://127.0.0.1:6379/0``. The results are printed and
@@ -35,32 +32,21 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
 
 import psycopg
 import redis
-from celery import Celery
-from celery.beat import ScheduleEntry, Scheduler
-from celery.schedules import schedule
 from psycopg import sql
 
 from benchmarks import common
-from celery_pglock.beat import PgLockScheduler
-from celery_pglock.db import close_all
 from celery_pglock.keys import lock_key
-
-T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks-beat.md"
 SLOT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 REPLICAS = 3
-TICK_ENTRIES = 10_000
-TICK_EVERY = 10.0  # seconds: every entry of the tick benchmark falls due together
 
 
 # -- infrastructure ----------------------------------------------------------------------
@@ -237,128 +223,6 @@ def run_failover(
             cluster.close()
 
 
-# -- tick cost ---------------------------------------------------------------------------
-
-
-class TimedPgLockScheduler(PgLockScheduler):
-    """``PgLockScheduler`` that adds up where its tick spends time."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.timings: dict[str, float] = dict.fromkeys(("claim", "publish", "confirm"), 0.0)
-        self.claimed = 0
-        super().__init__(*args, **kwargs)
-
-    def _timed(self, name: str, call: Callable[[], T]) -> T:
-        start = time.perf_counter()
-        try:
-            return call()
-        finally:
-            self.timings[name] += time.perf_counter() - start
-
-    def _claim(self, due: Any) -> set[tuple[str, str]]:
-        claimed = self._timed("claim", lambda: super(TimedPgLockScheduler, self)._claim(due))
-        self.claimed += len(claimed)
-        return claimed
-
-    def _publish(self, item: Any) -> bool:
-        return self._timed("publish", lambda: super(TimedPgLockScheduler, self)._publish(item))
-
-    def _confirm(self, sent: Any) -> None:
-        self._timed("confirm", lambda: super(TimedPgLockScheduler, self)._confirm(sent))
-
-
-class CountingScheduler(Scheduler):
-    """Celery's stock in-memory scheduler, counting what it sends."""
-
-    sent = 0
-
-    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
-        self.sent += 1
-        return super().apply_async(*args, **kwargs)
-
-
-def connect_producer(scheduler: Scheduler) -> None:
-    connection = scheduler.producer.connection
-    assert connection is not None
-    connection.ensure_connection()
-
-
-def tick_app(dsn: str, broker: str, schema: str, queue: str) -> Celery:
-    app = Celery("bench-tick", set_as_current=False)
-    app.conf.update(
-        broker_url=broker,
-        task_default_queue=queue,
-        result_expires=None,
-        pglock_dsn=dsn,
-        pglock_schema=schema,
-        pglock_namespace=f"tick-{uuid.uuid4().hex[:8]}",
-        beat_schedule={
-            f"e{i:05d}": {"task": "bench.noop", "schedule": TICK_EVERY} for i in range(TICK_ENTRIES)
-        },
-    )
-    return app
-
-
-def pglock_tick(app: Celery) -> dict[str, float]:
-    """Time the first tick that sends: all entries fall due on the same boundary."""
-    scheduler = TimedPgLockScheduler(app=app)
-    try:
-        connect_producer(scheduler)  # before timing
-        while True:
-            scheduler.timings = dict.fromkeys(scheduler.timings, 0.0)
-            start = time.perf_counter()
-            wait = scheduler.tick()
-            total = time.perf_counter() - start
-            if scheduler.claimed:
-                break
-            time.sleep(wait)
-        assert scheduler.claimed == TICK_ENTRIES, scheduler.claimed
-        spent = scheduler.timings
-        return {"total": total, **spent, "due": total - sum(spent.values())}
-    finally:
-        scheduler.close()
-
-
-def stock_tick(app: Celery) -> dict[str, float]:
-    """Time stock beat sending every entry once (it sends one per ``tick()``)."""
-    past = datetime.now(timezone.utc) - timedelta(seconds=2 * TICK_EVERY)
-    every = schedule(timedelta(seconds=TICK_EVERY))
-    entries = {
-        name: ScheduleEntry(name, spec["task"], past, schedule=every, app=app)
-        for name, spec in app.conf.beat_schedule.items()
-    }
-    scheduler = CountingScheduler(app, schedule=entries, lazy=True)
-    connect_producer(scheduler)
-    start = time.perf_counter()
-    while scheduler.sent < TICK_ENTRIES:
-        scheduler.tick()
-    total = time.perf_counter() - start
-    scheduler.close()
-    return {"total": total}
-
-
-def run_tick_cost(dsn: str, broker: str, rounds: int) -> dict[str, list[dict[str, float]]]:
-    """``rounds`` PgLockScheduler ticks, then stock beat once (it takes minutes)."""
-    results: dict[str, list[dict[str, float]]] = {"pglock": [], "stock": []}
-    client = redis.Redis.from_url(broker)
-    with common.private_schema(dsn, "beat") as schema:
-        for n in range(rounds + 1):
-            queue = f"bench-tick-{uuid.uuid4().hex[:8]}"
-            app = tick_app(dsn, broker, schema, queue)
-            try:
-                kind, result = (
-                    ("pglock", pglock_tick(app)) if n < rounds else ("stock", stock_tick(app))
-                )
-                results[kind].append(result)
-                assert client.llen(queue) == TICK_ENTRIES, client.llen(queue)
-            finally:
-                client.delete(queue)
-                app.close()
-                close_all()
-            print(f"  tick, {kind}: {result}", flush=True)
-    return results
-
-
 # -- report ------------------------------------------------------------------------------
 
 NOTES = """\
@@ -373,10 +237,8 @@ NOTES = """\
   lease). Slots that fell due while nobody led are coalesced, as stock Celery coalesces
   missed runs: the new leader sends the latest one at once; with a 1-s entry and a 2-s
   lease that is one slot missed per freeze. The woken leader claims nothing.
-- Stock beat sends one entry per `tick()` and compares the whole schedule on every
-  tick, so its cost grows with the square of the number of due entries (about 10 ms
-  per send at 10,000). The pglock tick is dominated by kombu's publish to Redis
-  (about 0.6 ms per message); the claim and the confirm are one round trip each.
+- The cost of one tick with many due entries is measured by `python -m benchmarks.tick`
+  (docs/benchmarks.md, section 3).
 """
 
 
@@ -403,19 +265,6 @@ def failover_rows(fault: str, trials: list[Trial]) -> list[str]:
     return rows
 
 
-def tick_rows(results: dict[str, list[dict[str, float]]]) -> list[str]:
-    def median(kind: str, part: str) -> str:
-        values = [r[part] for r in results[kind] if part in r]
-        return ms(statistics.median(values)) if values else ""
-
-    parts = ("due", "claim", "publish", "confirm")
-    pglock = " | ".join(median("pglock", p) for p in parts)
-    return [
-        f"| PgLockScheduler, one tick | {median('pglock', 'total')} | {pglock} |",
-        f"| stock Scheduler, {TICK_ENTRIES:,} ticks | {median('stock', 'total')} | | | | |",
-    ]
-
-
 def environment() -> str:
     with contextlib.suppress(OSError):
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -426,7 +275,7 @@ def environment() -> str:
     )
 
 
-def report(args: argparse.Namespace, kill: list[Trial], freeze: list[Trial], tick: Any) -> str:
+def report(args: argparse.Namespace, kill: list[Trial], freeze: list[Trial]) -> str:
     lines = [
         "# Beat benchmarks",
         "",
@@ -446,17 +295,6 @@ def report(args: argparse.Namespace, kill: list[Trial], freeze: list[Trial], tic
         *failover_rows("SIGKILL", kill),
         *failover_rows("SIGSTOP", freeze),
         "",
-        f"## One tick with {TICK_ENTRIES:,} due entries (Redis broker; PgLockScheduler: "
-        f"median of {args.tick_rounds}, stock: one run)",
-        "",
-        "PgLockScheduler: due computation, one claim round trip for all entries, the sends,",
-        "one confirm round trip. Stock: Celery's in-memory `Scheduler` sending the same",
-        "entries, one per `tick()` call.",
-        "",
-        "| scheduler | total | due | claim | publish | confirm |",
-        "|---|---|---|---|---|---|",
-        *tick_rows(tick),
-        "",
         NOTES,
     ]
     return "\n".join(lines)
@@ -466,7 +304,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--trials", type=int, default=12, help="trials per fault (>= 10)")
     parser.add_argument("--lease", type=float, default=2.0, help="pglock_beat_lease, seconds")
-    parser.add_argument("--tick-rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -477,9 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         kill = run_failover(dsn, broker, "kill", **options)
         print("failover after SIGSTOP", flush=True)
         freeze = run_failover(dsn, broker, "freeze", **options)
-        print(f"tick with {TICK_ENTRIES:,} due entries", flush=True)
-        tick = run_tick_cost(dsn, broker, args.tick_rounds)
-    text = report(args, kill, freeze, tick)
+    text = report(args, kill, freeze)
     print(text)
     if not args.no_write:
         REPORT.write_text(text)

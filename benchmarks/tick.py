@@ -1,48 +1,147 @@
-"""Beat tick scale: 10,000 entries due in the same tick (``benchmarks.beat_failover``).
+"""Beat at scale: 1,000 and 10,000 entries due in the same tick.
 
-``PgLockScheduler`` claims every due slot in one round trip, publishes, and confirms in
-one more; stock Celery beat sends the same entries one per ``tick()``. The target: the
-claims cost less than the sends they guard.
+One ``PgLockScheduler`` in this process (a real PostgreSQL, a real Redis broker, leader
+election on) holds N entries of one 10-s interval, so all of them fall due on the same
+boundary; the tick that claims them is measured:
+
+- *span*: tick start to the end of the last confirmation (every claim sent and confirmed);
+- *first confirmed*: tick start to the end of the first confirmation (how long the first
+  sends stay unconfirmed: what a leader killed mid-tick leaves behind);
+- *claim* and *confirm*: time in those statements (confirmations: how many round trips);
+- *CPU per send*: this process's CPU time over the tick divided by the messages sent
+  (Celery's publish, kombu, redis-py and ours together).
+
+Every message is counted on the broker afterwards.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+from celery import Celery
 
-from benchmarks import beat_failover, common
+from benchmarks import common
+from celery_pglock.beat import PgLockScheduler
 from celery_pglock.db import close_all
+
+SIZES = (1_000, 10_000)
+EVERY = 10.0  # seconds: every entry falls due on the same boundary
+
+
+@dataclass
+class Tick:
+    entries: int
+    span: float
+    first_confirmed: float
+    claim: float
+    confirm: float
+    confirms: int
+    cpu_per_send: float
 
 
 @dataclass
 class Result:
-    pglock: list[dict[str, float]]
-    stock: list[dict[str, float]]
-    entries: int
+    ticks: list[Tick]
     load: common.LoadWindow
 
 
-def run(dsn: str, broker: str, *, rounds: int, stock: bool) -> Result:
+def tick_app(dsn: str, broker: str, schema: str, queue: str, entries: int) -> Celery:
+    app = Celery("bench-tick", set_as_current=False)
+    app.conf.update(
+        broker_url=broker,
+        task_default_queue=queue,
+        pglock_dsn=dsn,
+        pglock_schema=schema,
+        pglock_namespace=f"tick-{uuid.uuid4().hex[:8]}",
+        beat_schedule={
+            f"e{i:05d}": {"task": "bench.noop", "schedule": EVERY} for i in range(entries)
+        },
+    )
+    return app
+
+
+class Probe:
+    """Wraps a scheduler's claims object: when each claim and confirmation ended."""
+
+    def __init__(self, scheduler: Any) -> None:
+        claims = scheduler.pglock_claims
+        self.claimed = 0
+        self.claim = 0.0
+        self.confirm = 0.0
+        self.confirm_ends: list[float] = []
+        claim, confirm = claims.claim, claims.confirm
+
+        def timed_claim(due: Any) -> Any:
+            start = time.perf_counter()
+            result = claim(due)
+            self.claim += time.perf_counter() - start
+            self.claimed += len(result.send)
+            return result
+
+        def timed_confirm(sent: Any) -> None:
+            start = time.perf_counter()
+            confirm(sent)
+            end = time.perf_counter()
+            self.confirm += end - start
+            if sent:
+                self.confirm_ends.append(end)
+
+        claims.claim, claims.confirm = timed_claim, timed_confirm
+
+
+def measure(app: Celery, entries: int) -> Tick:
+    """The first tick that sends: every entry falls due on the same boundary."""
+    scheduler = PgLockScheduler(app=app)
+    probe = Probe(scheduler)
+    try:
+        connection = scheduler.producer.connection
+        assert connection is not None
+        connection.ensure_connection()  # before timing
+        deadline = time.monotonic() + 4 * EVERY
+        while time.monotonic() < deadline:
+            probe.confirm_ends.clear()
+            cpu, start = time.process_time(), time.perf_counter()
+            wait = scheduler.tick()
+            cpu = time.process_time() - cpu
+            if probe.claimed:
+                break
+            time.sleep(wait)
+        assert probe.claimed == entries, probe.claimed
+        return Tick(
+            entries=entries,
+            span=probe.confirm_ends[-1] - start,
+            first_confirmed=probe.confirm_ends[0] - start,
+            claim=probe.claim,
+            confirm=probe.confirm,
+            confirms=len(probe.confirm_ends),
+            cpu_per_send=cpu / entries,
+        )
+    finally:
+        scheduler.close()
+
+
+def run(dsn: str, broker: str, *, rounds: int, sizes: tuple[int, ...] = SIZES) -> Result:
     load = common.LoadWindow()
-    kinds = ["pglock"] * rounds + (["stock"] if stock else [])
-    results: dict[str, list[dict[str, float]]] = {"pglock": [], "stock": []}
+    ticks = []
     client = redis.Redis.from_url(broker)
     with common.private_schema(dsn, "tick") as schema:
-        for kind in kinds:
-            queue = f"{common.KEY_PREFIX}-tick-{uuid.uuid4().hex[:8]}"
-            app = beat_failover.tick_app(dsn, broker, schema, queue)
-            try:
-                tick = beat_failover.pglock_tick if kind == "pglock" else beat_failover.stock_tick
-                results[kind].append(tick(app))
-                sent = client.llen(queue)
-                assert sent == beat_failover.TICK_ENTRIES, sent
-            finally:
-                client.delete(queue)
-                app.close()
-                close_all()
-            print(f"  tick, {kind}: {results[kind][-1]}", flush=True)
+        for _ in range(rounds):
+            for entries in sizes:
+                queue = f"{common.KEY_PREFIX}-tick-{uuid.uuid4().hex[:8]}"
+                app = tick_app(dsn, broker, schema, queue, entries)
+                try:
+                    ticks.append(measure(app, entries))
+                    sent = client.llen(queue)
+                    assert sent == entries, sent
+                finally:
+                    client.delete(queue)
+                    app.close()
+                    close_all()
+                print(f"  tick: {ticks[-1]}", flush=True)
     client.close()
     load.close()
-    return Result(results["pglock"], results["stock"], beat_failover.TICK_ENTRIES, load)
+    return Result(ticks, load)

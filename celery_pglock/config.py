@@ -5,16 +5,14 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-import re
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import psycopg.conninfo
-
 from celery_pglock import keys
 from celery_pglock.django_db import django_dsn
+from celery_pglock.dsn import check_dsn, redact
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.schema import Tables
 
@@ -40,6 +38,10 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_auto_migrate": True,
     "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
     "pglock_connect_timeout": 5.0,
+    # Idle connections of a process are closed after this many seconds (0: kept).
+    "pglock_idle_timeout": 30.0,
+    # Connection slots of the server a process never takes (left to other clients).
+    "pglock_spare_connections": 5,
     # At start-up, wait for PostgreSQL as Celery waits for its broker (see ``startup``).
     "pglock_connection_retry_on_startup": True,
     "pglock_connection_max_retries": None,  # None (or 0, as in Celery): wait for ever
@@ -100,36 +102,6 @@ TASK_OPTIONS = (
     "pglock_concurrency",
 )
 
-# As libpq reads a URI: user[:password] runs to the first '@' before any '/', so a
-# password may hold '?', '#' and ':' unencoded.
-_PASSWORD_IN_URL = re.compile(r"(://[^:@/]*:)([^@/]*)(@)")
-_PASSWORD_IN_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_SQLALCHEMY_DRIVER = re.compile(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", re.IGNORECASE)
-
-
-def redact(text: str) -> str:
-    """Replace every password in ``text`` (URL or key=value form) with ``***``."""
-    text = _PASSWORD_IN_URL.sub(r"\1***\3", text)
-    return _PASSWORD_IN_KV.sub(r"\1***", text)
-
-
-def normalize_dsn(dsn: str) -> str:
-    """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as libpq ones."""
-    return _SQLALCHEMY_DRIVER.sub(r"\1://", dsn.strip())
-
-
-def check_dsn(dsn: str) -> str:
-    """Return ``dsn`` normalized, or raise ``ConfigurationError`` saying what is wrong."""
-    dsn = normalize_dsn(dsn)
-    try:
-        psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        raise ConfigurationError(
-            f"pglock_dsn {redact(dsn)!r} is not a valid PostgreSQL connection string; "
-            "expected e.g. 'postgresql://user@host:5432/dbname'"
-        ) from None
-    return dsn
-
 
 def resolve_dsn(conf: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str:
     """The DSN from ``pglock_dsn``, else ``$PGLOCK_DSN``, else Django's database (in a
@@ -175,6 +147,8 @@ class Settings:
     auto_migrate: bool = True
     pool_size: int | None = None  # None: "auto", resolved per process by celery_pglock.db
     connect_timeout: float = 5.0
+    idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept
+    spare_connections: int = 5  # server slots a process's lock connections never take
     retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
     max_retries: int | None = None  # failed attempts before giving up; None: never
 
@@ -202,6 +176,8 @@ class Settings:
             connect_timeout=_positive(
                 setting(conf, "pglock_connect_timeout"), "pglock_connect_timeout"
             ),
+            idle_timeout=_idle_timeout(setting(conf, "pglock_idle_timeout")),
+            spare_connections=_spare(setting(conf, "pglock_spare_connections")),
             retry_on_startup=enabled_setting(conf, "pglock_connection_retry_on_startup"),
             max_retries=_max_retries(setting(conf, "pglock_connection_max_retries")),
         )
@@ -413,6 +389,23 @@ def _pool_size(value: Any) -> int | None:
             f"pglock_pool_size must be a positive int or 'auto', got {value!r}"
         )
     return size
+
+
+def _idle_timeout(value: Any) -> float | None:
+    """``pglock_idle_timeout``: seconds > 0, or 0 (idle connections are kept: None)."""
+    if value == 0 and not isinstance(value, bool):
+        return None
+    return float(_positive(value, "pglock_idle_timeout"))
+
+
+def _spare(value: Any) -> int:
+    """``pglock_spare_connections``: an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            "pglock_spare_connections must be an int >= 0 (connection slots of the server "
+            f"that a process leaves to other clients), got {value!r}"
+        )
+    return value
 
 
 def _max_retries(value: Any) -> int | None:

@@ -17,15 +17,14 @@ from contextlib import contextmanager
 
 import psycopg
 from psycopg import waiting
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_pglock import unwaited
 from celery_pglock.config import Settings
-from celery_pglock.errors import ConfigurationError, DatabaseError, DatabaseUnavailable
+from celery_pglock.errors import ConfigurationError, DatabaseError, ServerFull
 from celery_pglock.failover import Recall
 from celery_pglock.failures import boundary
 from celery_pglock.migrations import ensure_schema
-from celery_pglock.parking import Parking
+from celery_pglock.pool import Pool
 from celery_pglock.schema import statement
 from celery_pglock.sessions import (
     FIX_SCOPE,
@@ -33,7 +32,7 @@ from celery_pglock.sessions import (
     Connection,
     check_writable,
     connect,
-    connect_kwargs,
+    in_transaction,
     pooler_message,
     show_setting,
     transaction_pooled,
@@ -42,7 +41,6 @@ from celery_pglock.sessions import (
 
 logger = logging.getLogger("celery_pglock")
 
-IDLE = psycopg.pq.TransactionStatus.IDLE
 IDLE_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 
 DEFAULT_POOL_SIZE = 4  # pglock_pool_size "auto" where tasks do not run as threads/greenlets
@@ -89,7 +87,7 @@ def size_for_worker(settings: Settings, concurrency: int | None) -> int:
         _worker_pool_size = None if concurrency is None else max(1, concurrency) + 1
         for db in _pools.values():  # a pool opened before start-up (rare) follows too
             if db.pid == os.getpid() and db.keep_connections and db.settings.pool_size is None:
-                db.pool.resize(min_size=db.pool.min_size, max_size=pool_size(db.settings))
+                db.pool.resize(pool_size(db.settings))
     return pool_size(settings)
 
 
@@ -139,21 +137,13 @@ class Database:
         # What the role/database configured (a DBA may set these); restored after a run.
         self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
         self.recall = Recall()  # for after a failover (celery_pglock.failover)
-        self.pool = ConnectionPool(
-            settings.dsn,
-            kwargs=connect_kwargs(settings),
-            min_size=1,
+        self.pool = Pool(
+            self._open_connection,
             max_size=pool_size(settings),
-            open=False,
-            # No reset callback: with one, the pool takes connections back in a background
-            # thread, so a prefork child's next task finds the pool empty and opens another
-            # connection, until every process holds pglock_pool_size of them. putconn
-            # resets what needs it, in the caller's thread.
-            configure=self._configure,
+            idle_timeout=settings.idle_timeout,
             timeout=settings.connect_timeout,
             name=f"celery-pglock-{os.getpid()}",
         )
-        self.parking = Parking(self.pool, reply_timeout=settings.connect_timeout)
 
     @property
     def lease_supported(self) -> bool:
@@ -174,29 +164,12 @@ class Database:
                 self.server_version // 10000,
                 extra={"action": "pglock_lease_unavailable"},
             )
-        if self.keep_connections:
-            # Wait for the pool's first connection: a task asking for one while the pool
-            # still fills would make it open a second, kept for good (a prefork child opens
-            # its pool at its first task when it was forked before the start-up check).
-            try:
-                self.pool.open(wait=True, timeout=self.settings.connect_timeout)
-            except PoolTimeout:
-                self.pool.close()  # not kept (database() caches no failed one): no thread left
-                raise self._no_connection() from None
 
     def getconn(self) -> Connection:
         """A connection for one locked execution; give it back with ``putconn``."""
         if not self.keep_connections:
             return self._connect_once()
-        parked = self.parking.take()
-        if parked is not None:
-            return parked
-        try:  # counted as waiting meanwhile: connections given back go to the pool
-            return self.pool.getconn()
-        except PoolTimeout:
-            raise self._no_connection() from None
-        finally:
-            self.parking.stop_waiting()
+        return self.pool.getconn()
 
     def _connect_once(self) -> Connection:
         conn = connect(self.settings)
@@ -208,18 +181,27 @@ class Database:
             raise
         return conn
 
-    def _no_connection(self) -> DatabaseUnavailable:
-        """Why the pool gave no connection in time: the server's refusal (down, "too many
-        connections for role"), which one more attempt shows, or else the pool's size."""
+    def _open_connection(self) -> Connection:
+        """A new connection for the pool: refused (``ServerFull``) when fewer than
+        ``pglock_spare_connections`` server slots remain (the pool then waits for one of
+        this process's own connections, or, holding none, tries again a while)."""
+        conn = self._connect_once()
         try:
-            connect(self.settings).close()
-        except DatabaseUnavailable as refused:
-            return refused
-        return DatabaseUnavailable(
-            f"no PostgreSQL connection within {self.settings.connect_timeout:.1f} s: all "
-            f"{self.pool.max_size} connections of this process are in use by locked tasks "
-            "(pglock_pool_size); raise pglock_pool_size to run more of them at once"
-        )
+            spare = self.settings.spare_connections
+            if spare:
+                with boundary(self.settings):
+                    row = conn.execute(statement("free_connection_slots")).fetchone()
+                free = int(row[0]) if row and row[0] is not None else 0
+                self.pool.note_headroom(free - spare)
+                if free < spare:
+                    raise ServerFull(
+                        f"PostgreSQL has {max(free, 0)} connection slots left, fewer than "
+                        f"pglock_spare_connections ({spare}), left to other clients"
+                    )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def putconn(self, conn: Connection, *, clean: bool) -> bool:
         """Return ``conn``; ``clean`` says our release statement already freed its locks.
@@ -228,12 +210,12 @@ class Database:
             usable = not (conn.closed or conn.broken)
             conn.close()  # the session ends: the server frees whatever it still held
             return usable
-        if not clean or conn.info.transaction_status != IDLE:
+        if not clean or in_transaction(conn):
             self._reset(conn)  # closes it if it cannot be reset
         if conn.closed:
-            self.pool.putconn(conn)  # forgotten, replaced by the pool
+            self.pool.putconn(conn)  # forgotten: its place goes to the next caller
             return False
-        self.parking.park(conn)
+        self.pool.putconn(conn)
         return True
 
     def park_unwaited(self, conn: Connection) -> None:
@@ -243,7 +225,7 @@ class Database:
                 unwaited.read_reply(conn, self.settings.connect_timeout)
             conn.close()
             return
-        self.parking.park(conn, pending=True)
+        self.pool.putconn(conn, pending=True)
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -268,8 +250,7 @@ class Database:
 
     def close(self) -> None:
         if self.pid == os.getpid():
-            self.parking.close()
-            self.pool.close(timeout=2)
+            self.pool.close()
 
     def _configure(self, conn: Connection) -> None:
         self.server_version = conn.info.server_version
@@ -304,7 +285,7 @@ class Database:
         # returned on an error path needs the full reset (one extra round trip). One that
         # cannot be reset is closed: the pool then replaces it.
         try:
-            if conn.info.transaction_status != IDLE:
+            if in_transaction(conn):
                 conn.rollback()
             conn.autocommit = True  # else the reset opens a transaction
             reset = "reset_connection" if self.lease_supported else "reset_connection_pre14"

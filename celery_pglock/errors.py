@@ -41,6 +41,12 @@ class DatabaseUnavailable(DatabaseError):
     """PostgreSQL could not be reached or refused the connection (password never shown)."""
 
 
+class ServerFull(DatabaseUnavailable):
+    """PostgreSQL has no connection slot left for us (``too many clients``, the slots
+    reserved for superusers, a role's connection limit, or the headroom the library leaves
+    to other clients): a process holding connections waits for one of its own instead."""
+
+
 class SessionGone(DatabaseUnavailable):
     """An established session ended (the server was restarted or failed over, a DBA or a
     lease ended it, the network cut it): the advisory locks it held are gone with it."""

@@ -7,7 +7,7 @@
 - ``DatabaseMisconfigured``: a refusal only a fix cures (credentials, an unknown database
   or role, missing privileges, a malformed connection string), naming the fix;
 - ``DatabaseUnavailable``: an outage that waiting cures (down, starting, shutting down,
-  in recovery, out of connection slots);
+  in recovery); ``ServerFull`` when it is out of connection slots;
 - ``WaitEnded``: a wait in a lock queue ran out;
 - ``StatementFailed``: anything else a statement met on a live session.
 
@@ -25,12 +25,14 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.config import Settings, redact
+from celery_pglock.config import Settings
+from celery_pglock.dsn import redact
 from celery_pglock.errors import (
     DatabaseError,
     DatabaseMisconfigured,
     DatabaseUnavailable,
     ReadOnlyServer,
+    ServerFull,
     SessionGone,
     StatementFailed,
     WaitEnded,
@@ -67,6 +69,10 @@ FIX_BY_MESSAGE = tuple(
         ('database ".*" does not exist|no such database', FIX_BY_STATE["3D000"]),
         ("server does not support SSL", "drop sslmode=require from pglock_dsn"),
     )
+)
+# The server's refusals for want of a connection slot (SQLSTATE 53300 when it has one).
+FULL = re.compile(
+    r"too many clients|too many connections for role|remaining connection slots are reserved"
 )
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.InternalError, OSError)
 WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
@@ -124,6 +130,13 @@ def _classified(exc: BaseException, conn: Any, where: str, cause: str) -> Databa
         if session_gone(exc, conn):
             return SessionGone(f"the session with {where} ended: {cause}")
         return StatementFailed(f"{where}: {cause}")
+    return _refused(exc, where, cause)
+
+
+def _refused(exc: BaseException, where: str, cause: str) -> DatabaseError:
+    """A failure while connecting or setting a session up."""
+    if getattr(exc, "sqlstate", None) == "53300" or FULL.search(str(exc)):
+        return ServerFull(f"{where} has no connection slot left: {cause}")
     fix = misconfiguration(exc)
     if fix is not None:
         return DatabaseMisconfigured(f"cannot use {where}: {cause}. To fix: {fix}.")

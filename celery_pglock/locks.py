@@ -20,8 +20,6 @@ import logging
 import os
 from typing import Any
 
-import psycopg
-
 from celery_pglock import unwaited
 from celery_pglock.config import Scope
 from celery_pglock.db import Database
@@ -37,11 +35,9 @@ from celery_pglock.ledger import (
     short_reason,
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
-from celery_pglock.sessions import Connection, application_name, connect
+from celery_pglock.sessions import Connection, application_name, connect, in_transaction
 
 logger = logging.getLogger("celery_pglock")
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def lease_ms(seconds: float | None) -> str | None:
@@ -180,7 +176,7 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     query = db.tables.query("release")
     try:
         with boundary(db.settings, conn):
-            if lease.scope == "session" and conn.info.transaction_status != IDLE:
+            if lease.scope == "session" and in_transaction(conn):
                 conn.rollback()  # the body left it open; the pool would roll back our outcome
             row = conn.execute(query, params).fetchone()
             if lease.scope == "transaction":
@@ -206,7 +202,7 @@ def _release_unwaited(db: Database, lease: Lease) -> bool:
     conn = lease.connection
     if lease.scope != "session" or lease.claim.slot is not None:
         return False  # an outcome to record, or a transaction to commit
-    if conn.closed or conn.info.transaction_status != IDLE or not unwaited.quiet(conn):
+    if conn.closed or in_transaction(conn) or not unwaited.quiet(conn):
         return False  # the body left a transaction open, or the server spoke (ended it?)
     disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
     params = [disarm, application_name()]

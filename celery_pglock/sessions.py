@@ -15,7 +15,8 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.config import Settings, redact
+from celery_pglock.config import Settings
+from celery_pglock.dsn import redact
 from celery_pglock.failures import boundary, read_only
 from celery_pglock.schema import statement
 
@@ -91,6 +92,11 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
     with connect(settings) as other, other.transaction():
         shared = _backend_pid(other) == first
     return shared or _backend_pid(conn) != first
+
+
+def in_transaction(conn: Connection) -> bool:
+    """Whether ``conn`` is not idle: inside a transaction, a failed one, or unknown."""
+    return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
 def _backend_pid(conn: Connection) -> int:

@@ -27,6 +27,7 @@ This module is pure: no database, no I/O, no module-level mutable state.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable
@@ -74,6 +75,7 @@ _Step = Callable[[datetime], "datetime | None"]
 _Bounds = tuple["datetime | None", "datetime | None"]
 
 
+@functools.lru_cache(maxsize=1024)  # a beat tick formats one boundary for many entries
 def format_slot(dt: datetime) -> str:
     """Return the slot id of an aware datetime: UTC, second precision, ``Z`` suffix."""
     utc = _aware(dt).astimezone(timezone.utc)
@@ -85,6 +87,7 @@ def is_time_slot(slot: str | None) -> bool:
     return slot is not None and _SLOT_RE.fullmatch(slot) is not None
 
 
+@functools.lru_cache(maxsize=1024)  # a tick parses one slot for many entries
 def parse_slot(slot: str) -> datetime:
     """The aware UTC datetime of a time slot (``ValueError`` for any other string).
 

@@ -24,8 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar, overload
 
-import psycopg
-
 from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
 from celery_pglock.db import Database, database
 from celery_pglock.errors import (
@@ -42,7 +40,7 @@ from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection
+from celery_pglock.sessions import Connection, in_transaction
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -259,7 +257,7 @@ def _milliseconds(seconds: float | None) -> str:
 
 def _give_back(db: Database, conn: Connection) -> None:
     """Return a connection whose wait failed; the pool's reset frees what it took."""
-    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+    if not conn.closed and in_transaction(conn):
         # else the pool warns about an open transaction
         with contextlib.suppress(DatabaseError), boundary(db.settings, conn):
             conn.rollback()

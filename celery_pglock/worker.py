@@ -110,27 +110,35 @@ class StartupCheck(bootsteps.StartStopStep):
             who, how = "this worker process", "its tasks run in this process"
         elif pool == "solo":
             who = "this worker process"
+        idle = settings.idle_timeout
         logger.info(
             "celery-pglock: %s opens at most %d PostgreSQL connections for locks "
-            "(pool %s, concurrency %d%s; pglock_pool_size %s)",
+            "(pool %s, concurrency %d%s; pglock_pool_size %s), closes each after %s idle "
+            "(pglock_idle_timeout) and leaves the server's last %d free slots to other "
+            "clients (pglock_spare_connections)",
             who,
             size,
             pool,
             concurrency,
             f": {how}" if how else "",
             "auto" if settings.pool_size is None else settings.pool_size,
+            "never" if idle is None else f"{idle:g} s",
+            settings.spare_connections,
             extra={
                 "action": "pglock_connections",
                 "pool": pool,
                 "concurrency": concurrency,
                 "connections_per_process": size,
+                "idle_timeout": idle,
+                "spare_connections": settings.spare_connections,
             },
         )
         if in_process and settings.pool_size is not None and settings.pool_size < concurrency:
             logger.warning(
                 "pglock_pool_size = %d is below this worker's concurrency (%d, pool %s): "
-                "locked tasks beyond %d at once queue for a PostgreSQL connection, and one "
-                "that waits longer than pglock_connect_timeout (%.1f s) is retried. To fix: "
+                "locked tasks beyond %d at once queue for a PostgreSQL connection, handed "
+                "over in order as runs end; one that sees none come back for "
+                "pglock_connect_timeout (%.1f s) is retried. To fix: "
                 "remove pglock_pool_size (auto: concurrency + 1) or set it to at least %d",
                 settings.pool_size,
                 concurrency,

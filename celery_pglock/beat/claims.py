@@ -25,6 +25,7 @@ class Claimed(NamedTuple):
 
 
 RESEND_HORIZON = 86400.0  # seconds: older unconfirmed claims are not re-sent
+RESEND_LIMIT = 1000  # unconfirmed claims taken over per statement
 
 
 class BeatClaims:
@@ -67,25 +68,30 @@ class BeatClaims:
         sent = sorted(sent, key=_claim_order)  # rows updated in the claims' order
         if not sent:
             return
+        run_at = {slot: slots.parse_slot(slot) for slot in {d.slot for d in sent}}  # a few
         self._run_query(
             "beat_confirm",
             {
                 "namespace": self.settings.namespace,
                 "entries": [d.entry.name for d in sent],
                 "slots": [d.slot for d in sent],
-                "run_ats": [slots.parse_slot(d.slot) for d in sent],
+                "run_ats": [run_at[d.slot] for d in sent],
             },
         )
 
-    def unconfirmed(self) -> list[tuple[str, str]]:
-        """(entry, slot) claims whose sender died between claim and publish."""
+    def unconfirmed(self, *, at_once: bool = False) -> list[tuple[str, str]]:
+        """(entry, slot) claims whose sender died or stopped between claim and
+        confirmation, taken over by this replica (at most ``RESEND_LIMIT``): those older
+        than ``pglock_beat_resend_after``, or, ``at_once`` (a new leader: whoever claimed
+        them no longer leads), all of them."""
         rows = self._run_query(
             "beat_unsent",
             {
                 "namespace": self.settings.namespace,
                 "replica": self.settings.replica,
-                "after": self.settings.resend_after,
+                "after": 0.0 if at_once else self.settings.resend_after,
                 "horizon": RESEND_HORIZON,
+                "limit": RESEND_LIMIT,
             },
         )
         return [(entry, slot) for entry, slot in rows]

@@ -6,8 +6,13 @@ ticks as usual), and start the leader election; a misconfiguration stops beat wi
 line and exit status 1. Every later tick, in order: a standby sends nothing; the leader
 (or, with ``pglock_beat_leader = False``, every replica) asks the planner for the due
 slots (``planner``), claims all of them in one round trip (``claims``), and publishes only
-what it claimed, with the slot in the ``pglock_slot`` header; then it re-sends claims never
-confirmed, sweeps rows dead attempts left running, and prunes the ledger (``retention``).
+what it claimed, with the slot in the ``pglock_slot`` header, confirming the sends in small
+batches as they go (``sending``); then it re-sends claims never confirmed, sweeps rows dead
+attempts left running, and prunes the ledger (``retention``). A new leader first re-sends,
+at once, every claim a stopped or dead leader left unconfirmed. Stopped mid-tick (SIGTERM:
+Celery's handler closes the scheduler and raises SystemExit inside the tick), the replica
+sends the rest of the tick first (up to ``STOP_FINISH_WITHIN``; a second stop: at once)
+and confirms what it sent before it resigns.
 """
 
 from __future__ import annotations
@@ -15,18 +20,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 from celery.beat import Scheduler
 
 from celery_pglock import waiting
-from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.claims import RESEND_LIMIT, BeatClaims
 from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
+from celery_pglock.beat.sending import Confirmations, batched
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
+from celery_pglock.config import TaskOptions
 from celery_pglock.db import check_server, database
 from celery_pglock.errors import (
     ConfigurationError,
@@ -48,6 +56,7 @@ STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
 RESEND_CHECK_EVERY = 5.0
 ORPHAN_SWEEP_EVERY = 10.0  # seconds between two looks for rows a dead attempt left running
 REGISTER_EVERY = 60.0  # seconds between two refreshes of the tasks our entries send
+STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader goes on sending its tick's claims
 
 
 class EntryWithHeaders:
@@ -99,6 +108,9 @@ class PgLockSchedulerMixin:
         self._startup: StartupWait | None = None  # created by the first tick
         self._started = False
         self._exit_status: int | None = None  # set when beat must stop (see close)
+        self._ticking = False  # close() inside a tick (SIGTERM) waits for the tick to unwind
+        self._close_pending = False
+        self._lock_options: dict[str, TaskOptions] = {}  # per task beat cannot import
         super().__init__(*args, **kwargs)
         self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
         self._planner = SlotPlanner(self.pglock_beat, self.max_interval)
@@ -117,6 +129,7 @@ class PgLockSchedulerMixin:
         if not self.is_leader:
             self._leading = False
             return min(STANDBY_POLL, self.max_interval)
+        self._ticking = True
         try:
             self._lead(now)
         except PgLockError as exc:
@@ -124,6 +137,10 @@ class PgLockSchedulerMixin:
                 return min(STANDBY_POLL, self.max_interval)  # lost the lease: not an outage
             self._db_error(exc)
             return min(1.0, self.max_interval)
+        finally:
+            self._ticking = False
+            if self._close_pending:  # closed inside the tick: resign now it has unwound
+                self.close()
         if self._outage:
             self._outage = False
             logger.info("beat reaches PostgreSQL again", extra={"action": "pglock_beat_db_back"})
@@ -180,6 +197,8 @@ class PgLockSchedulerMixin:
             self._planner.take_over(self.pglock_claims.last_slots_sent())
             self._leading = True
             self._next_register = 0.0  # a new leader says at once what it sends
+            if self.pglock_beat.leader_mode:  # whoever claimed them no longer leads
+                self._resend_unconfirmed(at_once=True)
         due = self._planner.due(list(self.schedule.values()), now, self._lock_name)
         if due:
             self._send(due)
@@ -197,36 +216,67 @@ class PgLockSchedulerMixin:
         self._election.start()
 
     def _lock_name(self, entry: Any) -> str:
-        return entry_lock_name(self.app, entry)
+        return entry_lock_name(self.app, entry, self._lock_options)
 
     def _send(self, due: list[Due]) -> None:
         claimed = self.pglock_claims.claim(due)
-        claimed_at = time.monotonic()
         self._planner.sent(due)
-        sent = [item for item in due if (item.entry.name, item.slot) in claimed.paused]
-        for item in sent:
+        paused = [item for item in due if (item.entry.name, item.slot) in claimed.paused]
+        for item in paused:
             logger.info(
                 "Scheduler: not sending %s slot %s: the entry is paused",
                 item.entry.name,
                 item.slot,
                 extra={"action": "pglock_beat_paused", "entry": item.entry.name},
             )
-        for item in due:
-            if (item.entry.name, item.slot) not in claimed.send:
-                continue
-            checked_at = time.monotonic()
-            if not self._still_leading(claimed_at):
+        claims = [item for item in due if (item.entry.name, item.slot) in claimed.send]
+        self._send_claimed(claims, Confirmations(self.pglock_claims, paused))
+
+    def _send_claimed(self, claims: list[Due], confirmations: Confirmations) -> int:
+        """Publish ``claims`` in order, confirming them in batches as they go, while this
+        replica leads; how many went out. A stop (SIGTERM, Ctrl-C: Celery raises it here)
+        finishes the tick for up to ``STOP_FINISH_WITHIN`` s, a second one stops at once:
+        what went out is confirmed, the next leader sends the rest at once."""
+        todo, stop, finish_by = iter(claims), None, float("inf")
+        while True:
+            try:
+                with batched(self.producer, confirmations):
+                    self._publish_each(todo, confirmations, finish_by)
+                break
+            except (SystemExit, KeyboardInterrupt) as exc:
+                if stop is not None:
+                    confirmations.flush_on_stop(exc)
+                    raise
+                stop, finish_by = exc, time.monotonic() + STOP_FINISH_WITHIN
+                logger.info(
+                    "beat stopping: finishing the tick first (a second stop: at once)",
+                    extra={"action": "pglock_beat_stopping"},
+                )
+            except BaseException as exc:
+                confirmations.flush_on_stop(exc)
+                raise
+        confirmations.flush()
+        if stop is not None:
+            raise stop
+        return confirmations.confirmed
+
+    def _publish_each(self, todo: Iterator[Due], confirmations: Confirmations, by: float) -> None:
+        checked_at = time.monotonic()
+        for item in todo:
+            now = time.monotonic()
+            if now > by:
+                return  # stopping: the rest is the next leader's, at once
+            if not self._still_leading(checked_at):
                 logger.warning(
                     "not sending %s: leadership lost",
                     item.entry.name,
                     extra={"action": "pglock_beat_not_sent", "entry": item.entry.name},
                 )
                 return
-            if checked_at - claimed_at >= self.pglock_beat.lease / 3:
-                claimed_at = checked_at  # the server just confirmed it: one ping per third
+            if now - checked_at >= self.pglock_beat.lease / 3:
+                checked_at = now  # the server just confirmed it: one ping per third
             if self._publish(item):
-                sent.append(item)
-        self.pglock_claims.confirm(sent)
+                confirmations.sent(item)
 
     def _still_leading(self, claimed_at: float) -> bool:
         # A pause between claim and publish (SIGSTOP) may have cost us the lease.
@@ -301,26 +351,31 @@ class PgLockSchedulerMixin:
             params = {"namespace": self.pglock_beat.namespace, "tasks": tasks, "entries": names}
             self._run_query("beat_register_tasks", params)
 
-    def _resend_unconfirmed(self) -> None:
-        """Re-send claims whose sender died between claim and publish."""
+    def _resend_unconfirmed(self, *, at_once: bool = False) -> None:
+        """Re-send claims whose sender died or stopped between claim and confirmation:
+        older than ``pglock_beat_resend_after``, or ``at_once``, all of them."""
         now = time.monotonic()
-        if now < self._next_resend_check:
+        if now < self._next_resend_check and not at_once:
             return
         self._next_resend_check = now + RESEND_CHECK_EVERY
         entries = self.schedule
-        unsent = self.pglock_claims.unconfirmed()
-        due = [Due(entries[e], s, self._lock_name(entries[e])) for e, s in unsent if e in entries]
-        sent = []
-        for item in due:
-            logger.warning(
-                "re-sending %s slot %s: its claim was never confirmed",
-                item.entry.name,
-                item.slot,
-                extra={"action": "pglock_beat_resend", "entry": item.entry.name},
-            )
-            if self._publish(item):
-                sent.append(item)
-        self.pglock_claims.confirm(sent)
+        while True:
+            unsent = self.pglock_claims.unconfirmed(at_once=at_once)
+            due = [
+                Due(entries[e], s, self._lock_name(entries[e])) for e, s in unsent if e in entries
+            ]
+            if due:
+                logger.warning(
+                    "re-sending %d claim(s) never confirmed, from %s slot %s",
+                    len(due),
+                    due[0].entry.name,
+                    due[0].slot,
+                    extra={"action": "pglock_beat_resend", "entry": due[0].entry.name},
+                )
+            sent = self._send_claimed(due, Confirmations(self.pglock_claims))
+            # Taken over by this replica now: a failed send waits for the timer.
+            if not at_once or len(unsent) < RESEND_LIMIT or sent < len(unsent):
+                return
 
     def _db_error(self, exc: BaseException) -> None:
         if not self._outage:
@@ -332,6 +387,12 @@ class PgLockSchedulerMixin:
             )
 
     def close(self) -> None:
+        if self._ticking:
+            # Celery's SIGTERM handler, in the middle of a tick: the SystemExit it raises
+            # next finishes the tick (_send_claimed), which then unwinds and resigns here.
+            self._close_pending = True
+            return
+        self._close_pending = False
         if self._election is not None:
             self._election.close()
         super().close()  # type: ignore[misc]

@@ -212,8 +212,6 @@ def _show_library_warnings() -> None:
     handler.setFormatter(logging.Formatter(f"{PREFIX}: %(message)s"))
     handler.setLevel(logging.WARNING)
     library.addHandler(handler)
-    # "discarding closed connection" after a lost lock says nothing more than we do.
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 def say(message: str) -> None:

@@ -49,8 +49,9 @@ ON CONFLICT (namespace, entry) DO UPDATE
     WHERE b.last_run_at IS NULL OR b.last_run_at <= EXCLUDED.last_run_at;
 
 -- name: beat_unsent
--- Claims whose sender never confirmed them (it died between claim and publish): take
--- them over, one replica each, so they are sent again. Workers dedupe by slot.
+-- Claims whose sender never confirmed them (it died or stopped between claim and
+-- confirmation): take them over, one replica each, so they are sent again (%(after)s 0: a
+-- new leader takes over every one at once). Workers dedupe by slot.
 UPDATE {beat_sends} AS s
    SET sent_by = %(replica)s, claimed_at = now(), sends = s.sends + 1
  WHERE (s.namespace, s.entry, s.slot) IN (
@@ -59,7 +60,7 @@ UPDATE {beat_sends} AS s
            AND claimed_at < now() - make_interval(secs => %(after)s)
            AND claimed_at > now() - make_interval(secs => %(horizon)s)
          ORDER BY claimed_at
-         LIMIT 100
+         LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED)
 RETURNING s.entry, s.slot;
 

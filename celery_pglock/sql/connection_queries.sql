@@ -27,3 +27,12 @@ RESET application_name;
 SELECT pg_advisory_unlock_all();
 SET idle_in_transaction_session_timeout = DEFAULT;
 RESET application_name;
+
+-- name: free_connection_slots
+-- Connection slots of the server a client without a reserved role can still take: those
+-- left once the reserved ones (superusers', PostgreSQL 16's reserved_connections) are set
+-- aside. pg_stat_activity lists every backend to any role; only client backends count.
+SELECT current_setting('max_connections')::int
+     - current_setting('superuser_reserved_connections')::int
+     - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
+     - (SELECT count(*)::int FROM pg_stat_activity WHERE backend_type = 'client backend');

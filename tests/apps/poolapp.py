@@ -17,7 +17,7 @@ from celery_pglock import PgLockTask
 from tests.apps import testapp
 from tests.apps.testapp import GATE_CLASS, app, finish, record
 
-__all__ = ["app", "hold"]
+__all__ = ["app", "burst", "hold"]
 
 GATE_POLL = 0.05  # seconds between two looks at the gate
 GATE_DEADLINE = 60.0  # a gate the test forgot fails the task instead of hanging the worker
@@ -55,4 +55,13 @@ def hold(self: Any, key: str, seconds: float = 1.0, gate: int | None = None) -> 
     if gate is not None:
         wait_for_open_gate(gate)
     finish(row)
+    return self.pglock.token
+
+
+@app.task(bind=True, base=PgLockTask, name="poolapp.burst", pglock_key=by_key, pglock_slot=by_key)
+def burst(self: Any, key: str, seconds: float = 1.0) -> Any:
+    """Locked on ``key``, its run recorded in the ledger under slot ``key``: keep the lock
+    ``seconds`` and return the fencing token. It opens no connection of its own (a test
+    of the server's connection budget counts the library's alone)."""
+    time.sleep(seconds)
     return self.pglock.token

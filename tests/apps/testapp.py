@@ -8,6 +8,8 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
 - ``TEST_ACKS_LATE`` ("1"), ``TEST_LEASE`` (seconds), ``TEST_BEAT_EVERY`` (seconds: one
   interval entry ``tick``), ``TEST_BEAT_LEADER`` ("0" = active-active), ``TEST_BEAT_LEASE``;
 - ``TEST_NAMESPACE`` (optional ``pglock_namespace``: lock names are database-wide);
+- ``TEST_BEAT_ENTRIES`` (instead: that many entries ``e00000``… of ``testapp.scale_tick``,
+  every ``TEST_BEAT_ENTRIES_EVERY`` seconds, default 10: all due at once);
 - ``TEST_BEAT_TASK`` (the ``tick`` entry's task, default ``testapp.tick``),
   ``TEST_SLOW_TICK`` (seconds ``testapp.slow_tick`` takes, default 0.3);
 - ``TEST_PGLOCK_ENABLED`` ("0" = ``pglock_enabled = False``, the test mode);
@@ -94,6 +96,15 @@ if ENV.get("TEST_BEAT_EVERY"):
     }
     for name, every in json.loads(ENV.get("TEST_BEAT_MORE", "{}")).items():
         app.conf.beat_schedule[name] = {"task": "testapp.tick", "schedule": float(every)}
+if ENV.get("TEST_BEAT_ENTRIES"):  # a generated schedule: that many entries, due together
+    app.conf.beat_schedule = {
+        f"e{n:05d}": {
+            "task": "testapp.scale_tick",
+            "schedule": float(ENV.get("TEST_BEAT_ENTRIES_EVERY", "10")),
+            "args": [n],
+        }
+        for n in range(int(ENV["TEST_BEAT_ENTRIES"]))
+    }
 
 EXECUTIONS_SQL = """
 CREATE TABLE IF NOT EXISTS {executions} (
@@ -202,6 +213,25 @@ def scheduled_only(self: Any, seconds: float = 0.0, marker: str | None = None) -
 def tick(self: Any) -> None:
     """The beat entry's task."""
     finish(record(self))
+
+
+def scale_key(n: int) -> str:
+    """Each generated entry's own lock (its argument): the entries never share slots."""
+    return f"{ENV.get('TEST_NAMESPACE', 'testapp')}:scale:{n}"
+
+
+@app.task(
+    bind=True,
+    base=PgLockTask,
+    name="testapp.scale_tick",
+    pglock_scope="transaction",
+    pglock_key=scale_key,
+)
+def scale_tick(self: Any, n: int) -> None:
+    """The task of a generated schedule's entries (``n``: the entry's number, its lock):
+    recorded in the lock's own transaction (no connection of its own), so that thousands
+    of them run quickly."""
+    record(self, conn=self.pglock.connection)
 
 
 @app.task(bind=True, base=PgLockTask, name="testapp.always_fails")

@@ -16,14 +16,12 @@ every time) and short enough for CI.
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterator
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import psycopg_pool.base
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -453,15 +451,6 @@ class LedgerModel(RuleBasedStateMachine):
 
 
 @pytest.fixture
-def private_pool_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """psycopg_pool's worker threads draw from a Random of their own, not the global one."""
-    # The pool jitters each new connection's lifetime with random.random() in a worker
-    # thread (a killed attempt's connection is replaced at any moment); Hypothesis takes a
-    # change of the global random state during a draw for a strategy that uses `random`.
-    monkeypatch.setattr(psycopg_pool.base, "random", random.Random(0).random)
-
-
-@pytest.fixture
 def lease_server(pg_dsn: str) -> str:
     """``pg_dsn``, skipping the test on a server without idle_session_timeout (< 14)."""
     with psycopg.connect(pg_dsn) as conn:
@@ -471,7 +460,6 @@ def lease_server(pg_dsn: str) -> str:
 
 
 @pytest.mark.timeout(max(300, EXAMPLES * STEPS))
-@pytest.mark.usefixtures("private_pool_jitter")
 def test_ledger_follows_the_model(lease_server: str) -> None:
     """Claims, outcomes, deaths, freezes and sweeps keep the ledger and locks as documented."""
     run_state_machine_as_test(lambda: LedgerModel(lease_server), settings=MODEL_SETTINGS)

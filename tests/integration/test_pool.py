@@ -101,7 +101,8 @@ def test_refused_connection_is_named_rather_than_blamed_on_the_pool_size(
     pg_conn.execute(grant.format(sql.Identifier(pglock_schema), role))
     settings = Settings(dsn=plain_role, schema=pglock_schema, pool_size=2, connect_timeout=0.5)
     with open_database(settings) as db:
-        db.pool.wait()  # its one connection open: the next one is asked for below
+        with db.connection():  # its one connection open: the next one is asked for below
+            pass
         holder = granted(acquire(db, claim(job), "session", None))
         pg_conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT 1").format(role))
 

@@ -75,7 +75,7 @@ def test_six_holders_on_two_connections_all_run(
 
         assert [] == [exc for exc in errors if isinstance(exc, DatabaseUnavailable)]
         assert [] == errors
-        assert 0 == db.parking.waiters
+        assert 0 == db.pool.waiters
     assert list(range(6)) == sorted(tokens)
     # The two connections served all six: one handed over with its release reply unread
     # would have been discarded by the pool and replaced by a new session.
@@ -102,7 +102,7 @@ def test_many_short_runs_on_a_small_pool_never_time_out(
         errors = run_threads(8, churn)
 
         assert [] == errors
-        assert 0 == db.parking.waiters
+        assert 0 == db.pool.waiters
     assert 8 * 25 == len(done)
 
 

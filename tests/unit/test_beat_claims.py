@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_pglock.beat.claims import BeatClaims
+from celery_pglock.beat.claims import RESEND_LIMIT, BeatClaims
 from celery_pglock.beat.planner import Due
+from celery_pglock.beat.sending import CONFIRM_BATCH, Confirmations, batched
 from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.keys import lock_key
 
 SLOT_A, SLOT_B = "2026-11-29T18:05:00Z", "2026-11-29T18:05:10Z"
@@ -125,3 +127,161 @@ def test_the_orphan_sweep_reports_each_row_it_recorded_failed(
     [record] = caplog.records
     assert "abandon_orphans" == run.calls[0][0]
     assert "token 7" in record.getMessage()
+
+
+def test_a_new_leader_takes_over_every_unconfirmed_claim_at_once(settings: BeatSettings) -> None:
+    """Whoever claimed them no longer leads: no wait for pglock_beat_resend_after, and a
+    whole batch per statement (not 100 a tick)."""
+    run = Recorder(beat_unsent=[("a", SLOT_A)])
+
+    BeatClaims(settings, run).unconfirmed(at_once=True)
+
+    params = run.params("beat_unsent")
+    assert (0.0, RESEND_LIMIT) == (params["after"], params["limit"])
+
+
+def test_sends_are_confirmed_in_batches_as_they_go_and_the_rest_at_the_end(
+    settings: BeatSettings,
+) -> None:
+    """Every CONFIRM_BATCH messages one confirmation, then one for the remainder; paused
+    claims ride with the first."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run), [due("p", SLOT_A)])
+
+    for n in range(2 * CONFIRM_BATCH + 5):
+        confirmations.sent(due(f"e{n:04d}", SLOT_A))
+    confirmations.flush()
+
+    sizes = [len(params["entries"]) for name, params in run.calls if name == "beat_confirm"]
+    assert 2 * CONFIRM_BATCH + 6 == sum(sizes) == confirmations.confirmed
+    assert max(sizes) <= CONFIRM_BATCH, sizes
+    assert len(sizes) >= 3, sizes
+
+
+def test_a_stop_mid_tick_confirms_what_went_out_and_says_so_when_it_cannot(
+    settings: BeatSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM mid-tick: what was sent is confirmed; if PostgreSQL refuses, one WARNING
+    says how many are left to the next leader, and the stop goes on (no new error)."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run))
+    confirmations.sent(due("a", SLOT_A))
+
+    confirmations.flush_on_stop(SystemExit())
+
+    assert ["a"] == run.params("beat_confirm")["entries"]
+
+    def refuse(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        raise DatabaseUnavailable("gone")
+
+    confirmations = Confirmations(BeatClaims(settings, refuse))
+    confirmations.sent(due("b", SLOT_A))
+    with caplog.at_level(logging.WARNING, logger="celery_pglock"):
+        confirmations.flush_on_stop(SystemExit())
+
+    [record] = caplog.records
+    assert "1 sent message(s) left unconfirmed" in record.getMessage()
+
+
+class BatchingProducer:
+    """A producer with kombu's ``batch()`` (as on Redis): records when batches reach the
+    broker; ``fail`` is raised by the flush that finds something buffered."""
+
+    def __init__(self, run: Recorder, fail: BaseException | None = None) -> None:
+        self.run, self.fail, self.buffered, self.flushes = run, fail, 0, 0
+        self.max_size = 0
+
+    def batch(self, max_size: int) -> BatchingProducer:
+        self.max_size = max_size
+        return self
+
+    def __enter__(self) -> BatchingProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+    def publish(self) -> None:
+        self.buffered += 1
+
+    def flush(self) -> None:
+        if self.buffered and self.fail is not None:
+            self.buffered = 0
+            raise self.fail
+        if self.buffered:
+            self.run.calls.append(("broker", {"messages": self.buffered}))
+            self.flushes += 1
+        self.buffered = 0
+
+
+def send_in_batch(producer: Any, confirmations: Confirmations, count: int) -> None:
+    with batched(producer, confirmations):
+        for n in range(count):
+            producer.publish()
+            confirmations.sent(due(f"e{n:04d}", SLOT_A))
+
+
+def test_a_batch_reaches_the_broker_before_its_claims_are_confirmed(
+    settings: BeatSettings,
+) -> None:
+    """With kombu's batches each confirmation comes right after its messages reached the
+    broker, never before; the paused claims ride with the first."""
+    run = Recorder()
+    producer = BatchingProducer(run)
+    confirmations = Confirmations(BeatClaims(settings, run), [due("p", SLOT_A)])
+
+    send_in_batch(producer, confirmations, 2 * CONFIRM_BATCH + 5)
+    confirmations.flush()
+
+    order = [name for name, _ in run.calls]
+    assert order[::2] == ["broker"] * (len(order) // 2), order
+    assert order[1::2] == ["beat_confirm"] * (len(order) // 2), order
+    assert 2 * CONFIRM_BATCH + 6 == confirmations.confirmed
+    assert producer.max_size >= CONFIRM_BATCH
+
+
+def test_a_batch_the_broker_refused_is_never_confirmed(
+    settings: BeatSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker fails the batch: its claims stay unconfirmed (re-sent later), one ERROR
+    says how many, beat goes on; a paused claim is still recorded."""
+    run = Recorder()
+    producer = BatchingProducer(run, fail=ConnectionError("broker gone"))
+    confirmations = Confirmations(BeatClaims(settings, run), [due("p", SLOT_A)])
+
+    with caplog.at_level(logging.ERROR, logger="celery_pglock.beat"):
+        send_in_batch(producer, confirmations, 3)
+        confirmations.flush()
+
+    assert ["p"] == run.params("beat_confirm")["entries"]
+    [record] = caplog.records
+    assert "could not send 3 message(s)" in record.getMessage()
+
+
+def test_a_stop_while_a_batch_flushes_leaves_its_claims_unconfirmed(
+    settings: BeatSettings,
+) -> None:
+    """SIGTERM lands while the batch goes out (delivery uncertain): the stop goes on and
+    none of the batch's claims is confirmed; the next leader re-sends them."""
+    run = Recorder()
+    producer = BatchingProducer(run, fail=SystemExit())
+    confirmations = Confirmations(BeatClaims(settings, run))
+
+    with pytest.raises(SystemExit):
+        send_in_batch(producer, confirmations, 3)
+    confirmations.flush_on_stop(SystemExit())
+
+    assert [] == [name for name, _ in run.calls if name == "beat_confirm"]
+
+
+def test_without_batches_each_message_goes_out_as_it_is_published(
+    settings: BeatSettings,
+) -> None:
+    """RabbitMQ, or a kombu before 5.7: no batch(); confirmations as before."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run))
+
+    send_in_batch(SimpleNamespace(publish=lambda: None), confirmations, 3)
+    confirmations.flush()
+
+    assert 3 == len(run.params("beat_confirm")["entries"])

@@ -10,7 +10,8 @@ import pytest
 from celery import Celery
 
 import celery_pglock
-from celery_pglock.config import Settings, TaskOptions, redact, resolve_dsn
+from celery_pglock.config import Settings, TaskOptions, resolve_dsn
+from celery_pglock.dsn import redact
 from celery_pglock.errors import ConfigurationError
 
 

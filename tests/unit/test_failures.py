@@ -138,8 +138,8 @@ MAY_CATCH_DRIVER_ERRORS = {
     "db.py": "the pool: a connection that fails its reset or first statement is dropped",
     "failures.py": "the translation itself",
     "sessions.py": "closing and cancelling a session that may be gone already",
-    "parking.py": "its own thread drains parked connections, and drops broken ones",
-    "config.py": "parsing a DSN, before any server is involved",
+    "pool.py": "it reads the replies of idle connections, and drops broken ones",
+    "dsn.py": "parsing a DSN, before any server is involved",
     "demo/server.py": "the demo's embedded server, not the library",
 }
 
