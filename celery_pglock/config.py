@@ -8,26 +8,14 @@ import os
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from celery_pglock import keys
+from celery_pglock import keys, values
 from celery_pglock.django_db import django_dsn
 from celery_pglock.dsn import check_dsn, redact
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.schema import Tables
-
-Scope = Literal["session", "transaction"]
-OnDbError = Literal["retry", "fail", "run"]
-Coalesce = Literal["all", "latest"]
-CatchUp = Literal["none", "latest", "all"]
-Overlap = Literal["skip", "buffer_one", "allow"]
-
-SCOPES: tuple[Scope, ...] = ("session", "transaction")
-ON_DB_ERROR: tuple[OnDbError, ...] = ("retry", "fail", "run")
-COALESCE: tuple[Coalesce, ...] = ("all", "latest")
-CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
-OVERLAP: tuple[Overlap, ...] = ("skip", "buffer_one", "allow")
-MAX_CONCURRENCY = 64  # advisory keys tried in turn per claim: keep the claim short
+from celery_pglock.values import Coalesce, OnDbError, Overlap, Scope
 
 #: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
 APP_DEFAULTS: Mapping[str, Any] = {
@@ -172,14 +160,14 @@ class Settings:
             schema=tables.schema,
             table_prefix=tables.prefix,
             auto_migrate=bool(setting(conf, "pglock_auto_migrate")),
-            pool_size=_pool_size(setting(conf, "pglock_pool_size")),
-            connect_timeout=_positive(
+            pool_size=values.pool_size(setting(conf, "pglock_pool_size")),
+            connect_timeout=values.positive(
                 setting(conf, "pglock_connect_timeout"), "pglock_connect_timeout"
             ),
-            idle_timeout=_idle_timeout(setting(conf, "pglock_idle_timeout")),
-            spare_connections=_spare(setting(conf, "pglock_spare_connections")),
+            idle_timeout=values.idle_timeout(setting(conf, "pglock_idle_timeout")),
+            spare_connections=values.spare_connections(setting(conf, "pglock_spare_connections")),
             retry_on_startup=enabled_setting(conf, "pglock_connection_retry_on_startup"),
-            max_retries=_max_retries(setting(conf, "pglock_connection_max_retries")),
+            max_retries=values.max_retries(setting(conf, "pglock_connection_max_retries")),
         )
 
 
@@ -212,29 +200,32 @@ class TaskOptions:
         ``base=`` of its own), as ``locked_app_wide`` tells for a registered task."""
         value = _task_getter(task, conf)
         scope = value("pglock_scope")
-        if scope not in SCOPES:
+        if scope not in values.SCOPES:
             raise ConfigurationError(
                 f"{task.name}: pglock_scope must be 'session' or 'transaction', got {scope!r}"
             )
         on_db_error = value("pglock_on_db_error")
-        if on_db_error not in ON_DB_ERROR:
+        if on_db_error not in values.ON_DB_ERROR:
             raise ConfigurationError(
-                f"{task.name}: pglock_on_db_error must be one of {ON_DB_ERROR}, got {on_db_error!r}"
+                f"{task.name}: pglock_on_db_error must be one of {values.ON_DB_ERROR}, "
+                f"got {on_db_error!r}"
             )
         return cls(
-            key=_key_option(value("pglock_key"), task.name),
+            key=values.key_option(value("pglock_key"), task.name),
             namespace=keys.namespace(value("pglock_namespace"), app_name),
             scope=scope,
-            slot=_slot_option(value("pglock_slot"), task.name),
-            lease=_lease(value("pglock_lease"), task.name),
+            slot=values.slot_option(value("pglock_slot"), task.name),
+            lease=values.lease(value("pglock_lease"), task.name),
             scheduled_only=bool(value("pglock_scheduled_only")),
             on_db_error=on_db_error,
-            db_max_retries=_positive(value("pglock_db_max_retries"), "pglock_db_max_retries", int),
-            coalesce=_coalesce(value("pglock_coalesce"), task.name),
-            max_lateness=_max_lateness(value("pglock_max_lateness"), task.name),
+            db_max_retries=values.positive(
+                value("pglock_db_max_retries"), "pglock_db_max_retries", int
+            ),
+            coalesce=values.coalesce(value("pglock_coalesce"), task.name),
+            max_lateness=values.max_lateness(value("pglock_max_lateness"), task.name),
             check_on_enqueue=bool(value("pglock_check_on_enqueue")),
-            overlap=_overlap(value("pglock_overlap"), value("pglock_concurrency"), task.name),
-            concurrency=_concurrency(value("pglock_concurrency"), task.name),
+            overlap=values.overlap(value("pglock_overlap"), value("pglock_concurrency"), task.name),
+            concurrency=values.concurrency(value("pglock_concurrency"), task.name),
             retrofit=app_wide and all(value(name) is None for name in OVERLAP_OPTIONS),
         )
 
@@ -261,8 +252,8 @@ def setting(conf: Mapping[str, Any], name: str) -> Any:
 def tables_of(conf: Mapping[str, Any]) -> Tables:
     """Where the tables of ``conf`` live (``pglock_schema``, ``pglock_table_prefix``; an
     empty prefix is a prefix): known without a DSN (``fence()``, the CLI, Django's admin)."""
-    schema = _text(setting(conf, "pglock_schema"), "pglock_schema")
-    prefix = _text(setting(conf, "pglock_table_prefix"), "pglock_table_prefix", empty=True)
+    schema = values.text(setting(conf, "pglock_schema"), "pglock_schema")
+    prefix = values.text(setting(conf, "pglock_table_prefix"), "pglock_table_prefix", empty=True)
     return Tables(schema, prefix)
 
 
@@ -283,157 +274,6 @@ def _task_getter(task: Any, conf: Mapping[str, Any]) -> Callable[[str], Any]:
             found = found.__func__
         return app_value(name) if found is None else found
 
-    return value
-
-
-def _key_option(key: Any, task_name: str) -> str | Callable[..., str] | None:
-    if key is None or callable(key) or (isinstance(key, str) and key):
-        return key  # type: ignore[no-any-return]
-    raise ConfigurationError(
-        f"{task_name}: pglock_key must be a non-empty str or a callable of the task's "
-        f"arguments, got {key!r}"
-    )
-
-
-def _slot_option(slot: Any, task_name: str) -> str | Callable[..., Any] | None:
-    if slot is None or slot == "message" or callable(slot):
-        return slot  # type: ignore[no-any-return]
-    raise ConfigurationError(
-        f"{task_name}: pglock_slot must be None, 'message' (use the task id) or a callable "
-        f"of the task's arguments returning the slot, got {slot!r}"
-    )
-
-
-def _coalesce(policy: Any, task_name: str) -> Coalesce | None:
-    if policy is None or policy in COALESCE:
-        return policy  # type: ignore[no-any-return]
-    raise ConfigurationError(
-        f"{task_name}: pglock_coalesce must be 'all' (run every slot) or 'latest' (skip a slot "
-        f"older than one that already succeeded or is running), got {policy!r}"
-    )
-
-
-def _overlap(policy: Any, concurrency: Any, task_name: str) -> Overlap | None:
-    if policy == "allow" and concurrency not in (None, 1):
-        raise ConfigurationError(
-            f"{task_name}: pglock_concurrency = {concurrency!r} limits the runs of a lock name "
-            "at once, and pglock_overlap = 'allow' sets no limit: drop one of them"
-        )
-    if policy is None or policy in OVERLAP:
-        return policy  # type: ignore[no-any-return]
-    raise ConfigurationError(
-        f"{task_name}: pglock_overlap must be 'skip' (a slot that finds the lock held is "
-        f"skipped), 'buffer_one' (the newest such slot waits and runs next) or 'allow' "
-        f"(different slots run at once; only the same slot again is skipped), got {policy!r}"
-    )
-
-
-def _concurrency(limit: Any, task_name: str) -> int:
-    if limit is None:
-        return 1
-    if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_CONCURRENCY:
-        return limit
-    raise ConfigurationError(
-        f"{task_name}: pglock_concurrency must be an int from 1 to {MAX_CONCURRENCY} (runs of "
-        f"one lock name at once), got {limit!r}"
-    )
-
-
-def _max_lateness(seconds: Any, task_name: str) -> float | None:
-    if seconds is None:
-        return None
-    return float(_positive(seconds, f"{task_name}: pglock_max_lateness"))
-
-
-def catch_up_option(policy: Any, limit: Any, where: str) -> tuple[CatchUp, int]:
-    """A beat catch-up policy and its bound, checked; ``where`` names the setting's owner."""
-    if policy not in CATCH_UP:
-        raise ConfigurationError(
-            f"{where}: pglock_beat_catch_up must be one of {CATCH_UP}, got {policy!r}"
-        )
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigurationError(
-            f"{where}: pglock_beat_catch_up_limit must be an int >= 1, got {limit!r}"
-        )
-    return policy, limit
-
-
-def overdue_option(seconds: Any, where: str) -> float | None:
-    """``pglock_overdue_after``, checked: seconds > 0, or None (no freshness alert)."""
-    if seconds is None:
-        return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise ConfigurationError(
-            f"{where}: pglock_overdue_after must be a number of seconds > 0, or None (off), "
-            f"got {seconds!r}"
-        )
-    return float(seconds)
-
-
-def _lease(lease: Any, task_name: str) -> float | None:
-    if lease in (0, False):
-        return None  # lease explicitly turned off
-    return float(_positive(lease, f"{task_name}: pglock_lease"))
-
-
-def _pool_size(value: Any) -> int | None:
-    """``pglock_pool_size``: a positive int, or None / "auto" (follow the worker's pool)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    try:
-        size = 0 if isinstance(value, bool) else int(value)
-    except (TypeError, ValueError):
-        size = 0
-    if size <= 0:
-        raise ConfigurationError(
-            f"pglock_pool_size must be a positive int or 'auto', got {value!r}"
-        )
-    return size
-
-
-def _idle_timeout(value: Any) -> float | None:
-    """``pglock_idle_timeout``: seconds > 0, or 0 (idle connections are kept: None)."""
-    if value == 0 and not isinstance(value, bool):
-        return None
-    return float(_positive(value, "pglock_idle_timeout"))
-
-
-def _spare(value: Any) -> int:
-    """``pglock_spare_connections``: an int >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            "pglock_spare_connections must be an int >= 0 (connection slots of the server "
-            f"that a process leaves to other clients), got {value!r}"
-        )
-    return value
-
-
-def _max_retries(value: Any) -> int | None:
-    """``pglock_connection_max_retries``: an int >= 0; None or 0 (Celery's meaning) is none."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            "pglock_connection_max_retries must be an int >= 0 (failed attempts to reach "
-            f"PostgreSQL at start-up before giving up), or None (0 too) to wait for ever; got "
-            f"{value!r}"
-        )
-    return value or None
-
-
-def _positive(value: Any, name: str, kind: type = float) -> Any:
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name} must be a positive number, got {value!r}") from None
-    if number <= 0:
-        raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
-    return number
-
-
-def _text(value: Any, name: str, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty) or "\x00" in value:
-        raise ConfigurationError(f"{name} must be a non-empty str without NUL, got {value!r}")
     return value
 
 
@@ -468,7 +308,7 @@ def web_credentials(
     for name in ("user", "password", "token"):
         value = setting(conf, f"pglock_web_{name}") or environ.get(f"PGLOCK_WEB_{name.upper()}")
         if value:
-            found[name] = _text(value, f"pglock_web_{name}")
+            found[name] = values.text(value, f"pglock_web_{name}")
     if ("user" in found) != ("password" in found):
         raise ConfigurationError("pglock_web_user and pglock_web_password go together: set both")
     return found

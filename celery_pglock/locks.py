@@ -21,7 +21,6 @@ import os
 from typing import Any
 
 from celery_pglock import unwaited
-from celery_pglock.config import Scope
 from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
 from celery_pglock.failures import boundary
@@ -36,6 +35,7 @@ from celery_pglock.ledger import (
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
 from celery_pglock.sessions import Connection, application_name, connect, in_transaction
+from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_pglock import signals
-from celery_pglock.config import Scope
 from celery_pglock.errors import DatabaseError, LockLost, SessionGone
 from celery_pglock.failures import boundary
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.schema import statement
 from celery_pglock.sessions import HOSTNAME, Connection
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
+from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar, overload
 
-from celery_pglock.config import SCOPES, Scope, Settings, resolve_dsn
+from celery_pglock.config import Settings, resolve_dsn
 from celery_pglock.db import Database, database
 from celery_pglock.errors import (
     ConfigurationError,
@@ -41,6 +41,7 @@ from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection, in_transaction
+from celery_pglock.values import SCOPES, Scope
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
