@@ -155,6 +155,7 @@ def test_overview_strip_shows_a_skipped_duplicate_with_its_reason(dash: Dash, br
     assert "skipped duplicates: done x1" in tooltip(cell)
     beat = browser.find_element(By.ID, "beat").text
     assert "Leader:" in beat
+    assert ", since " in beat  # the election's time, from the leader's holder row
     assert "Standbys: 1" in beat
 
 
