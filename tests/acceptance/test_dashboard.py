@@ -312,6 +312,12 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     )
     status, page = dash.act("release", {"lock": "elsewhere:lock"}, "review")
     assert (400, True) == (status, "outside this app's namespace" in page)
+    browser.get(f"{dash.url}/slot?" + urllib.parse.urlencode({"name": "tick", "slot": slot}))
+    assert slot in browser.find_element(By.TAG_NAME, "h1").text
+    audited = browser.find_element(By.CSS_SELECTOR, "table.audit").text
+    assert "rerun" in audited
+    assert f"web:{WEB_USER}" in audited
+    screenshot(browser, "slot", tmp_path)
     actors = {
         row["action"]: row["actor"]
         for row in lab.rows("SELECT action, actor FROM {} ORDER BY id", "pglock_audit")
@@ -322,3 +328,9 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     screenshot(browser, "overview", tmp_path)
     browser.get(dash.url + "/entry/tick?hours=1")
     screenshot(browser, "entry", tmp_path)
+    browser.get(dash.url + "/audit")
+    actions = [
+        td.text for td in browser.find_elements(By.CSS_SELECTOR, "table.audit td:nth-child(2)")
+    ]
+    assert {"trigger", "rerun", "backfill"} <= set(actions)
+    screenshot(browser, "audit", tmp_path)
