@@ -35,7 +35,7 @@ from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from tests.acceptance.beat_support import APP, prepare_schema
 from tests.acceptance.browser import acting_as, browser, free_port, screenshot
 from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving
-from tests.apps.harness import app_env, configure_broker_client
+from tests.apps.harness import Gate, app_env, configure_broker_client
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -334,3 +334,43 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     ]
     assert {"trigger", "rerun", "backfill"} <= set(actions)
     screenshot(browser, "audit", tmp_path)
+
+
+def held_locks(dash: Dash) -> set[str]:
+    code, out = dash.lab.cli("status", "--json")
+    assert 0 == code, out
+    return {lock["lock"] for lock in json.loads(out)["locks"] if lock["holder"]}
+
+
+def test_a_held_lock_released_from_the_locks_page_as_the_web_user(
+    dash: Dash, browser: Any, tmp_path: Path
+) -> None:
+    lock = f"{dash.lab.schema}:testapp.gated"
+    configure_broker_client(dash.lab.env)
+    from tests.apps import testapp  # noqa: PLC0415 - configured just above
+
+    with Gate(dash.lab.admin_dsn) as gate:
+        testapp.gated.apply_async((gate.id,))  # holds its lock until the gate opens
+        wait_until(lambda: lock in held_locks(dash), timeout=DEADLINE, message="the lock held")
+        acting_as(browser, basic(WEB_USER, WEB_PASSWORD))
+        try:
+            browser.get(dash.url + "/locks")
+            row = browser.find_element(
+                By.XPATH, f"//table[@id='locks']//tr[td[1][normalize-space()='{lock}']]"
+            )
+            assert "HELD 1 of 1" in row.text
+            screenshot(browser, "locks", tmp_path)
+            row.find_element(By.TAG_NAME, "button").click()
+            assert "Confirm: release" in browser.find_element(By.TAG_NAME, "h1").text
+            browser.find_element(By.ID, "confirm").click()
+            assert "release: done" == browser.find_element(By.ID, "done").text
+        finally:
+            acting_as(browser, None)
+        assert lock not in held_locks(dash)
+
+    [row] = dash.lab.rows(
+        "SELECT * FROM {} WHERE action = 'release' AND lock_name = %(lock)s",
+        "pglock_audit",
+        lock=lock,
+    )
+    assert f"web:{WEB_USER}" == row["actor"]
