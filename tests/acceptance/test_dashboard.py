@@ -374,3 +374,21 @@ def test_a_held_lock_released_from_the_locks_page_as_the_web_user(
         lock=lock,
     )
     assert f"web:{WEB_USER}" == row["actor"]
+
+
+def test_the_overview_warns_of_a_rogue_scheduler(dash: Dash, browser: Any) -> None:
+    configure_broker_client(dash.lab.env)
+    from tests.apps import testapp  # noqa: PLC0415 - configured just above
+
+    testapp.app.send_task("testapp.tick")  # no slot: what a stock beat beside ours sends
+
+    def warned() -> str:
+        browser.get(dash.url + "/")
+        found = browser.find_elements(By.ID, "rogue")
+        return str(found[0].text) if found else ""
+
+    warning = wait_until(
+        warned, timeout=DEADLINE, interval=0.5, message="the rogue-scheduler warning"
+    )
+    assert "Rogue scheduler" in warning
+    assert "testapp.tick" in warning
