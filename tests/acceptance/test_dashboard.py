@@ -194,6 +194,8 @@ def test_pause_pressed_in_the_browser_pauses_the_entry_audited_as_the_web_user(
     code, out = dash.lab.cli("status")
     assert 0 == code, out
     assert "PAUSED ENTRIES (1)" in out
+    [leader] = [line for line in out.splitlines() if line.lstrip().startswith("leader ")]
+    assert re.search(r" \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(", leader), out  # since when
     assert "disk full <b>now</b>" in out
     [row] = dash.lab.rows("SELECT * FROM {} WHERE action = 'pause'", "pglock_audit")
     assert (f"web:{WEB_USER}", "tick") == (row["actor"], row["entry"])
