@@ -163,6 +163,10 @@ class LeaderElection:
             )
         params = {"name": application_name(" beat leader"), "lease_ms": lease_ms(lease)}
         conn.execute(self.tables.query("leader_arm"), params)
+        record = {"key": self.claim.key, "lock_name": self.claim.lock_name}
+        conn.execute(
+            self.tables.query("leader_record"), {**record, "host": HOSTNAME, "pid": os.getpid()}
+        )
         granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease_seconds=lease)
         self._standby.clear()
         self._outage = False

@@ -131,13 +131,14 @@ def waiting_text(waiting: list[Row]) -> str:
 
 
 def beat_text(beat: Row) -> str:
-    headers = ("ROLE", "HOST", "PID", "BACKEND", "APPLICATION")
+    headers = ("ROLE", "HOST", "PID", "BACKEND", "SINCE", "APPLICATION")
     rows: list[Sequence[Any]] = []
     sessions = [("leader", beat["leader"])] if beat["leader"] else []
     sessions += [("standby", standby) for standby in beat["standbys"]]
     for role, session in sessions:
         pids = (session["pid"], session["backend_pid"])
-        rows.append((role, session["host"], *pids, session["application_name"]))
+        since = when(session.get("since") or session.get("waiting_since"))  # elected / waiting
+        rows.append((role, session["host"], *pids, since, session["application_name"]))
     title = f"BEAT ({beat['lock']}): " + ("leader elected" if beat["leader"] else "no leader")
     return section(title, headers, rows)
 

@@ -112,3 +112,14 @@ SELECT pg_advisory_lock(%(key)s);
 -- The new leader: its session labelled (`celery pglock status` says which replica leads)
 -- and its lease armed (%(lease_ms)s NULL before PostgreSQL 14: none).
 SELECT {label_session}(%(name)s), {set_lease}(%(lease_ms)s, false);
+
+-- name: leader_record
+-- The new leader's holder row, once per election (not per tick): `celery pglock status`
+-- and the dashboard show who leads and since when (a standby promoted keeps its session,
+-- so the session's start is not the election's).
+INSERT INTO {holders} AS h (lock_key, lock_name, host, pid, backend_pid)
+VALUES (%(key)s, %(lock_name)s, %(host)s, %(pid)s, pg_backend_pid())
+ON CONFLICT (lock_key) DO UPDATE
+    SET lock_name = EXCLUDED.lock_name, slot = NULL, task_id = NULL, host = EXCLUDED.host,
+        pid = EXCLUDED.pid, backend_pid = EXCLUDED.backend_pid, token = NULL, since = now(),
+        concurrency = 1;

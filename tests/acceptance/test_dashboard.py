@@ -35,7 +35,7 @@ from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from tests.acceptance.beat_support import APP, prepare_schema
 from tests.acceptance.browser import acting_as, browser, free_port, screenshot
 from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving
-from tests.apps.harness import app_env, configure_broker_client
+from tests.apps.harness import Gate, app_env, configure_broker_client
 from tests.fixtures.procs import Procs, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -155,6 +155,7 @@ def test_overview_strip_shows_a_skipped_duplicate_with_its_reason(dash: Dash, br
     assert "skipped duplicates: done x1" in tooltip(cell)
     beat = browser.find_element(By.ID, "beat").text
     assert "Leader:" in beat
+    assert ", since " in beat  # the election's time, from the leader's holder row
     assert "Standbys: 1" in beat
 
 
@@ -193,6 +194,8 @@ def test_pause_pressed_in_the_browser_pauses_the_entry_audited_as_the_web_user(
     code, out = dash.lab.cli("status")
     assert 0 == code, out
     assert "PAUSED ENTRIES (1)" in out
+    [leader] = [line for line in out.splitlines() if line.lstrip().startswith("leader ")]
+    assert re.search(r" \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(", leader), out  # since when
     assert "disk full <b>now</b>" in out
     [row] = dash.lab.rows("SELECT * FROM {} WHERE action = 'pause'", "pglock_audit")
     assert (f"web:{WEB_USER}", "tick") == (row["actor"], row["entry"])
@@ -311,6 +314,12 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     )
     status, page = dash.act("release", {"lock": "elsewhere:lock"}, "review")
     assert (400, True) == (status, "outside this app's namespace" in page)
+    browser.get(f"{dash.url}/slot?" + urllib.parse.urlencode({"name": "tick", "slot": slot}))
+    assert slot in browser.find_element(By.TAG_NAME, "h1").text
+    audited = browser.find_element(By.CSS_SELECTOR, "table.audit").text
+    assert "rerun" in audited
+    assert f"web:{WEB_USER}" in audited
+    screenshot(browser, "slot", tmp_path)
     actors = {
         row["action"]: row["actor"]
         for row in lab.rows("SELECT action, actor FROM {} ORDER BY id", "pglock_audit")
@@ -321,3 +330,67 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     screenshot(browser, "overview", tmp_path)
     browser.get(dash.url + "/entry/tick?hours=1")
     screenshot(browser, "entry", tmp_path)
+    browser.get(dash.url + "/audit")
+    actions = [
+        td.text for td in browser.find_elements(By.CSS_SELECTOR, "table.audit td:nth-child(2)")
+    ]
+    assert {"trigger", "rerun", "backfill"} <= set(actions)
+    screenshot(browser, "audit", tmp_path)
+
+
+def held_locks(dash: Dash) -> set[str]:
+    code, out = dash.lab.cli("status", "--json")
+    assert 0 == code, out
+    return {lock["lock"] for lock in json.loads(out)["locks"] if lock["holder"]}
+
+
+def test_a_held_lock_released_from_the_locks_page_as_the_web_user(
+    dash: Dash, browser: Any, tmp_path: Path
+) -> None:
+    lock = f"{dash.lab.schema}:testapp.gated"
+    configure_broker_client(dash.lab.env)
+    from tests.apps import testapp  # noqa: PLC0415 - configured just above
+
+    with Gate(dash.lab.admin_dsn) as gate:
+        testapp.gated.apply_async((gate.id,))  # holds its lock until the gate opens
+        wait_until(lambda: lock in held_locks(dash), timeout=DEADLINE, message="the lock held")
+        acting_as(browser, basic(WEB_USER, WEB_PASSWORD))
+        try:
+            browser.get(dash.url + "/locks")
+            row = browser.find_element(
+                By.XPATH, f"//table[@id='locks']//tr[td[1][normalize-space()='{lock}']]"
+            )
+            assert "HELD 1 of 1" in row.text
+            screenshot(browser, "locks", tmp_path)
+            row.find_element(By.TAG_NAME, "button").click()
+            assert "Confirm: release" in browser.find_element(By.TAG_NAME, "h1").text
+            browser.find_element(By.ID, "confirm").click()
+            assert "release: done" == browser.find_element(By.ID, "done").text
+        finally:
+            acting_as(browser, None)
+        assert lock not in held_locks(dash)
+
+    [row] = dash.lab.rows(
+        "SELECT * FROM {} WHERE action = 'release' AND lock_name = %(lock)s",
+        "pglock_audit",
+        lock=lock,
+    )
+    assert f"web:{WEB_USER}" == row["actor"]
+
+
+def test_the_overview_warns_of_a_rogue_scheduler(dash: Dash, browser: Any) -> None:
+    configure_broker_client(dash.lab.env)
+    from tests.apps import testapp  # noqa: PLC0415 - configured just above
+
+    testapp.app.send_task("testapp.tick")  # no slot: what a stock beat beside ours sends
+
+    def warned() -> str:
+        browser.get(dash.url + "/")
+        found = browser.find_elements(By.ID, "rogue")
+        return str(found[0].text) if found else ""
+
+    warning = wait_until(
+        warned, timeout=DEADLINE, interval=0.5, message="the rogue-scheduler warning"
+    )
+    assert "Rogue scheduler" in warning
+    assert "testapp.tick" in warning
