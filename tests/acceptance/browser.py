@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 HTTP_TIMEOUT = 10.0
 
@@ -51,10 +54,18 @@ def acting_as(driver: Any, authorization: str | None) -> None:
     driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": headers})
 
 
+def click_through(driver: Any, element: Any) -> None:
+    """Click ``element`` (a link or a form's button) and wait until the next page has
+    replaced this one: a look right after a click may otherwise still see the old page."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, HTTP_TIMEOUT).until(expected_conditions.staleness_of(page))
+
+
 def screenshot(driver: Any, name: str, tmp_path: Path) -> None:
     folder = Path(os.environ.get("PGLOCK_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(folder / f"dashboard-{name}.png"))
 
 
-__all__ = ["acting_as", "browser", "free_port", "screenshot"]
+__all__ = ["acting_as", "browser", "click_through", "free_port", "screenshot"]

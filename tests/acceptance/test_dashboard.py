@@ -33,7 +33,7 @@ from selenium.webdriver.common.by import By
 
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from tests.acceptance.beat_support import APP, prepare_schema
-from tests.acceptance.browser import acting_as, browser, free_port, screenshot
+from tests.acceptance.browser import acting_as, browser, click_through, free_port, screenshot
 from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving
 from tests.apps.harness import Gate, app_env, configure_broker_client
 from tests.fixtures.procs import Procs, wait_until
@@ -183,10 +183,10 @@ def test_pause_pressed_in_the_browser_pauses_the_entry_audited_as_the_web_user(
     try:
         browser.get(dash.url + "/entry/tick")
         browser.find_element(By.ID, "pause-reason").send_keys("disk full <b>now</b>")
-        browser.find_element(By.ID, "pause").click()
+        click_through(browser, browser.find_element(By.ID, "pause"))
         assert "Confirm: pause" in browser.find_element(By.TAG_NAME, "h1").text
         screenshot(browser, "confirm", tmp_path)
-        browser.find_element(By.ID, "confirm").click()
+        click_through(browser, browser.find_element(By.ID, "confirm"))
         assert "pause: done" == browser.find_element(By.ID, "done").text
     finally:
         acting_as(browser, None)
@@ -362,9 +362,9 @@ def test_a_held_lock_released_from_the_locks_page_as_the_web_user(
             )
             assert "HELD 1 of 1" in row.text
             screenshot(browser, "locks", tmp_path)
-            row.find_element(By.TAG_NAME, "button").click()
+            click_through(browser, row.find_element(By.TAG_NAME, "button"))
             assert "Confirm: release" in browser.find_element(By.TAG_NAME, "h1").text
-            browser.find_element(By.ID, "confirm").click()
+            click_through(browser, browser.find_element(By.ID, "confirm"))
             assert "release: done" == browser.find_element(By.ID, "done").text
         finally:
             acting_as(browser, None)

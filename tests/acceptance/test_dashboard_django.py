@@ -19,7 +19,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from tests.acceptance.beat_support import prepare_schema
-from tests.acceptance.browser import HTTP_TIMEOUT, browser, free_port, screenshot
+from tests.acceptance.browser import HTTP_TIMEOUT, browser, click_through, free_port, screenshot
 from tests.acceptance.controls_lab import DEADLINE, ROOT, Lab
 from tests.apps.harness import app_env
 from tests.fixtures.pg import drop_schema
@@ -96,7 +96,7 @@ def log_in(driver: Any, site: Site, user: str, then: str) -> None:
     driver.get(f"{site.url}/admin/login/?next={then}")
     driver.find_element(By.ID, "id_username").send_keys(user)
     driver.find_element(By.ID, "id_password").send_keys(USER_PASSWORD)
-    driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    click_through(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
 
 
 def test_a_staff_user_logs_in_and_sees_the_overview(
@@ -121,14 +121,14 @@ def test_a_user_without_the_permission_cannot_act_and_one_with_it_can(
 ) -> None:
     log_in(browser, site, "sam", "/pglock/entry/tick")
     browser.find_element(By.ID, "pause-reason").send_keys("not mine to pause")
-    browser.find_element(By.ID, "pause").click()
+    click_through(browser, browser.find_element(By.ID, "pause"))
     assert "sam may not act here." == browser.find_element(By.ID, "error").text
     assert [] == site.lab.rows("SELECT * FROM {}", "pglock_pauses")
 
     log_in(browser, site, "olga", "/pglock/entry/tick")
     browser.find_element(By.ID, "pause-reason").send_keys("release day")
-    browser.find_element(By.ID, "pause").click()
-    browser.find_element(By.ID, "confirm").click()
+    click_through(browser, browser.find_element(By.ID, "pause"))
+    click_through(browser, browser.find_element(By.ID, "confirm"))
     assert "pause: done" == browser.find_element(By.ID, "done").text
     [row] = site.lab.rows("SELECT * FROM {}", "pglock_pauses")
     assert ("web:olga", "release day") == (row["paused_by"], row["reason"])
