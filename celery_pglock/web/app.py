@@ -305,7 +305,13 @@ def _int(text: str | None, default: int) -> int:
         return default
 
 
-def _when(moment: datetime | None) -> str:
+def _when(moment: datetime | str | None) -> str:
+    """A moment in UTC to the second; the JSON views' ISO text too (the locks page)."""
+    if isinstance(moment, str):
+        try:
+            moment = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+        except ValueError:
+            return str(moment)
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "-"
 
 

@@ -14,6 +14,7 @@ from celery_pglock.config import web_credentials
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering.history import MISSED, NO_RECORD, describe, strip
 from celery_pglock.web import svg
+from celery_pglock.web.app import _when
 from celery_pglock.web.security import ANONYMOUS, Credentials, Csrf, Identity, same_origin
 
 NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=timezone.utc)
@@ -232,3 +233,11 @@ def test_an_unreachable_server_is_told_without_its_dsn() -> None:
         assert "PostgreSQL" in text
         for secret in ("s3cret", "someone", "shop", "postgresql://", "dbname="):
             assert secret not in text
+
+
+def test_times_read_the_same_from_a_datetime_or_its_json_text() -> None:
+    """The locks page renders the JSON view (ISO text): its times read as every page's."""
+    moment = datetime(2026, 12, 2, 13, 5, 9, 120000, tzinfo=timezone.utc)
+
+    assert "2026-12-02 13:05:09 UTC" == _when(moment) == _when(moment.isoformat())
+    assert ("-", "not a time") == (_when(None), _when("not a time"))
