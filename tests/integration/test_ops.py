@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -64,6 +65,9 @@ lost.wait(120)
 """
 
 
+HELD_LINE = re.compile(r"^HELD (\d+) (\d+)\n", re.MULTILINE)  # a whole line
+
+
 class Holder:
     """A subprocess holding one lock; ``token``/``backend_pid`` as it reported them."""
 
@@ -71,11 +75,12 @@ class Holder:
         self.proc = proc
         self.name = name
         self.task_id = task_id
-        proc.wait_for_log("HELD", timeout=20)
-        held = next(line for line in proc.log_text().splitlines() if line.startswith("HELD"))
-        _, token, backend_pid = held.split()
-        self.token = int(token)
-        self.backend_pid = int(backend_pid)
+        # The whole line, not its first word: the log is read while it is written.
+        held = wait_until(
+            lambda: HELD_LINE.search(proc.log_text()), timeout=20, message="the HELD line"
+        )
+        self.token = int(held.group(1))
+        self.backend_pid = int(held.group(2))
 
 
 def start_holder(
