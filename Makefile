@@ -86,8 +86,10 @@ LOWEST := $(shell sed -nE 's/^ *"(celery|psycopg)>=([0-9.]+)",.*/\1==\2/p' pypro
 # psycopg[binary]==3.2.0 asks for an unpublished psycopg-binary: pin the binary directly.
 LOWEST_BINARY := $(patsubst psycopg==%,psycopg-binary==%,$(filter psycopg==%,$(LOWEST)))
 # What tests/unit imports besides the package (none of the dev-only extras); pytest-xdist
-# because pyproject's addopts name --dist and tests/fixtures/sharing.py schedules with it.
-UNIT_DEPS := pytest pytest-timeout pytest-xdist redis pyyaml rich sqlalchemy ephem
+# because pyproject's addopts name --dist and tests/fixtures/sharing.py schedules with it;
+# the web extra's packages because tests/unit/test_web.py renders the dashboard's pages.
+UNIT_DEPS := pytest pytest-timeout pytest-xdist redis pyyaml rich sqlalchemy ephem \
+	waitress werkzeug jinja2 asgiref
 VERSIONS := from importlib.metadata import version; \
 	print(*(f"{n} {version(n)}" for n in ("celery", "kombu", "psycopg", "redis")), sep=", ")
 INSTALLED := import sys, celery_pglock; f = celery_pglock.__file__; print("celery_pglock:", f); \
