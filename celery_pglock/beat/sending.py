@@ -99,6 +99,8 @@ class _Batch:
             self._current.flush()
         except Exception as exc:  # noqa: BLE001 - a broker error must not stop beat
             unsent = self._confirmations.forget_unsent()
+            if not unsent:  # kombu refuses a failed batch again: said once already
+                return
             logger.error(
                 "could not send %d message(s) of this tick: %s; they are sent again later",
                 unsent,

@@ -189,7 +189,7 @@ class BatchingProducer:
 
     def __init__(self, run: Recorder, fail: BaseException | None = None) -> None:
         self.run, self.fail, self.buffered, self.flushes = run, fail, 0, 0
-        self.max_size = 0
+        self.max_size, self.failed = 0, False
 
     def batch(self, max_size: int) -> BatchingProducer:
         self.max_size = max_size
@@ -205,9 +205,9 @@ class BatchingProducer:
         self.buffered += 1
 
     def flush(self) -> None:
-        if self.buffered and self.fail is not None:
-            self.buffered = 0
-            raise self.fail
+        if self.failed or (self.buffered and self.fail is not None):
+            self.buffered, self.failed = 0, True  # as kombu: a failed batch fails again
+            raise self.fail or RuntimeError("unreachable")
         if self.buffered:
             self.run.calls.append(("broker", {"messages": self.buffered}))
             self.flushes += 1
