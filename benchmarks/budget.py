@@ -21,45 +21,24 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import psycopg
-from celery import Celery
 
 from benchmarks import common
-from benchmarks.pools import Sampler
+from benchmarks.pools import RETRIED, Sampler, bench_app, own_key, private_server
 from celery_pglock import PgLockTask
 
 ENV = os.environ
 SLEEP = 1.0
 MAX_CONNECTIONS = 100
 IDLE_TIMEOUT = 5.0  # pglock_idle_timeout for the run (default 30 s): the after-idle count
-RETRIED = "will be retried"
 
-app = Celery("pglockbench-budget")
-app.conf.update(
-    broker_url=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
-    result_backend=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
-    worker_prefetch_multiplier=1,
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-    pglock_dsn=ENV.get("PGLOCK_DSN", ""),
-    pglock_schema=ENV.get("BENCH_SCHEMA", "public"),
-    pglock_namespace=ENV.get("BENCH_PREFIX", "pglockbench") + "-budget",
-    pglock_idle_timeout=IDLE_TIMEOUT,
-)
-
-if ENV.get("BENCH_POOL_SIZE"):  # an explicit pglock_pool_size (unset: "auto")
-    app.conf.pglock_pool_size = int(ENV["BENCH_POOL_SIZE"])
-
-
-def own_key(n: str, **_: Any) -> str:
-    return n
+app = bench_app("budget", pglock_idle_timeout=IDLE_TIMEOUT)
 
 
 @app.task(name="budget.locked", base=PgLockTask, pglock_key=own_key)
@@ -101,19 +80,6 @@ class Outcome:
     announced: str
     busy_client_ok: bool | None  # a new client connected mid-burst
     client_ok: bool  # ... and 2 s after the last result
-
-
-@contextmanager
-def small_server() -> Iterator[str]:
-    """A private embedded PostgreSQL with the stock ``max_connections = 100``."""
-    from celery_pglock.testing.embedded import EmbeddedPostgres  # noqa: PLC0415
-
-    with EmbeddedPostgres() as server:
-        server.start()
-        server.stop()
-        server.set_config(max_connections=MAX_CONNECTIONS)
-        server.start()
-        yield server.dsn
 
 
 def client_connects(dsn: str) -> bool:
@@ -214,7 +180,7 @@ def measure(env: dict[str, str], dsn: str, case: Case, *, with_lock: bool) -> Ou
 
 def run(env: dict[str, str], cases: Sequence[Case] = CASES) -> list[Outcome]:
     outcomes = []
-    with small_server() as dsn, common.private_schema(dsn, "budget") as schema:
+    with private_server(MAX_CONNECTIONS) as dsn, common.private_schema(dsn, "budget") as schema:
         worker_env = {**env, "PGLOCK_DSN": dsn, "BENCH_SCHEMA": schema}
         broker = env["BENCH_BROKER_URL"]
         app.conf.update(broker_url=broker, result_backend=broker)

@@ -47,20 +47,28 @@ OURS_SQL = (
 )
 RETRIED = "will be retried"
 
-# The worker's app (``celery -A benchmarks.pools worker``), configured from the environment.
-app = Celery("pglockbench-pools")
-app.conf.update(
-    broker_url=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
-    result_backend=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
-    worker_prefetch_multiplier=1,
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-    pglock_dsn=ENV.get("PGLOCK_DSN", ""),
-    pglock_schema=ENV.get("BENCH_SCHEMA", "public"),
-    pglock_namespace=ENV.get("BENCH_PREFIX", "pglockbench") + "-pools",
-)
-if ENV.get("BENCH_POOL_SIZE"):
-    app.conf.pglock_pool_size = int(ENV["BENCH_POOL_SIZE"])
+
+def bench_app(name: str, **conf: Any) -> Celery:
+    """A benchmark worker's app (``celery -A benchmarks.<name> worker``), configured from
+    the environment: broker, PostgreSQL, schema, ``BENCH_POOL_SIZE`` (unset: "auto")."""
+    app = Celery(f"pglockbench-{name}")
+    app.conf.update(
+        broker_url=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
+        result_backend=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        pglock_dsn=ENV.get("PGLOCK_DSN", ""),
+        pglock_schema=ENV.get("BENCH_SCHEMA", "public"),
+        pglock_namespace=ENV.get("BENCH_PREFIX", "pglockbench") + f"-{name}",
+        **conf,
+    )
+    if ENV.get("BENCH_POOL_SIZE"):
+        app.conf.pglock_pool_size = int(ENV["BENCH_POOL_SIZE"])
+    return app
+
+
+app = bench_app("pools")
 
 
 def own_key(n: str, **_: Any) -> str:
@@ -146,14 +154,14 @@ class Sampler:
 
 
 @contextmanager
-def private_server() -> Iterator[str]:
-    """A private embedded PostgreSQL allowing ``MAX_CONNECTIONS`` sessions."""
+def private_server(max_connections: int = MAX_CONNECTIONS) -> Iterator[str]:
+    """A private embedded PostgreSQL allowing ``max_connections`` sessions."""
     from celery_pglock.testing.embedded import EmbeddedPostgres  # noqa: PLC0415
 
     with EmbeddedPostgres() as server:
         server.start()
         server.stop()
-        server.set_config(max_connections=MAX_CONNECTIONS)
+        server.set_config(max_connections=max_connections)
         server.start()
         yield server.dsn
 
