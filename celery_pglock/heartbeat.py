@@ -27,7 +27,7 @@ HEARTBEAT_STOP_WAIT = 2.0
 
 def ping(lease: Lease) -> None:
     """One heartbeat; marks the lease lost if the server ended the session."""
-    conn = lease.connection
+    conn = lease.session
     # Never wait behind the task's own query (transaction scope): a busy connection is
     # not idle, so the server will not end it.
     if lease.released or not conn.lock.acquire(blocking=False):

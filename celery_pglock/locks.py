@@ -167,7 +167,7 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     if lease.lease_seconds is not None:
         unwatch(lease)
     lease.released = True
-    conn = lease.connection
+    conn = lease.session
     if _release_unwaited(db, lease):
         return Released(recorded=False, lost=lease.known_lost)
     session = lease.scope == "session" and db.lease_supported
@@ -199,7 +199,7 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
 
 def _release_unwaited(db: Database, lease: Lease) -> bool:
     """Send a mutex-only release without waiting; False when it must be waited for."""
-    conn = lease.connection
+    conn = lease.session
     if lease.scope != "session" or lease.claim.slot is not None:
         return False  # an outcome to record, or a transaction to commit
     if conn.closed or in_transaction(conn) or not unwaited.quiet(conn):

@@ -128,7 +128,7 @@ class Lease:
 
     claim: Claim
     scope: Scope
-    connection: Connection
+    session: Connection  # the server session that holds the lock
     token: int
     attempts: int | None
     lease_seconds: float | None  # the server-enforced lease; None: off
@@ -141,6 +141,12 @@ class Lease:
     @property
     def lock(self) -> str:
         return self.claim.lock_name
+
+    @property
+    def connection(self) -> Connection:
+        """The lock's connection, for the body: in transaction scope inside the lock's
+        transaction."""
+        return self.session
 
     @property
     def slot(self) -> str | None:
@@ -180,8 +186,8 @@ class Lease:
         # The caller's thread is not using the connection (it is the body's own, or the
         # body's thread is the caller), so waiting for its lock waits only for a ping.
         try:
-            with boundary(conn=self.connection):
-                self.connection.execute(PING_SQL)
+            with boundary(conn=self.session):
+                self.session.execute(PING_SQL)
         except DatabaseError as exc:
             judge_failure(self, exc)
         else:
