@@ -50,7 +50,8 @@ RETRIED = "will be retried"
 
 def bench_app(name: str, **conf: Any) -> Celery:
     """A benchmark worker's app (``celery -A benchmarks.<name> worker``), configured from
-    the environment: broker, PostgreSQL, schema, ``BENCH_POOL_SIZE`` (unset: "auto")."""
+    the environment: broker, PostgreSQL, schema, ``BENCH_POOL_SIZE`` (unset: "auto"),
+    ``BENCH_SHARED_SESSIONS=0`` (``pglock_shared_sessions = False``)."""
     app = Celery(f"pglockbench-{name}")
     app.conf.update(
         broker_url=ENV.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/15"),
@@ -65,6 +66,8 @@ def bench_app(name: str, **conf: Any) -> Celery:
     )
     if ENV.get("BENCH_POOL_SIZE"):
         app.conf.pglock_pool_size = int(ENV["BENCH_POOL_SIZE"])
+    if ENV.get("BENCH_SHARED_SESSIONS") == "0":  # one connection per locked run, as before
+        app.conf.pglock_shared_sessions = False
     return app
 
 

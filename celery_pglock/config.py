@@ -30,6 +30,8 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_idle_timeout": 30.0,
     # Connection slots of the server a process never takes (left to other clients).
     "pglock_spare_connections": 5,
+    # Session-scope locks of a threads/gevent/eventlet worker share one session per process.
+    "pglock_shared_sessions": True,
     # At start-up, wait for PostgreSQL as Celery waits for its broker (see ``startup``).
     "pglock_connection_retry_on_startup": True,
     "pglock_connection_max_retries": None,  # None (or 0, as in Celery): wait for ever
@@ -137,6 +139,7 @@ class Settings:
     connect_timeout: float = 5.0
     idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept
     spare_connections: int = 5  # server slots a process's lock connections never take
+    shared_sessions: bool = True  # see celery_pglock.shared
     retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
     max_retries: int | None = None  # failed attempts before giving up; None: never
 
@@ -166,6 +169,7 @@ class Settings:
             ),
             idle_timeout=values.idle_timeout(setting(conf, "pglock_idle_timeout")),
             spare_connections=values.spare_connections(setting(conf, "pglock_spare_connections")),
+            shared_sessions=enabled_setting(conf, "pglock_shared_sessions"),
             retry_on_startup=enabled_setting(conf, "pglock_connection_retry_on_startup"),
             max_retries=values.max_retries(setting(conf, "pglock_connection_max_retries")),
         )

@@ -137,6 +137,9 @@ class Database:
         # What the role/database configured (a DBA may set these); restored after a run.
         self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
         self.recall = Recall()  # for after a failover (celery_pglock.failover)
+        # The process's shared sessions (``celery_pglock.shared``), made on first use.
+        self.shared_sessions: object | None = None
+        self.shared_lock = threading.Lock()
         self.pool = Pool(
             self._open_connection,
             max_size=pool_size(settings),
@@ -144,6 +147,13 @@ class Database:
             timeout=settings.connect_timeout,
             name=f"celery-pglock-{os.getpid()}",
         )
+
+    @property
+    def shares_sessions(self) -> bool:
+        """Whether session-scope locks share one session per process (``shared``): in a
+        worker whose tasks run as threads or greenlets, unless ``pglock_shared_sessions``
+        is off."""
+        return self.keep_connections and self.settings.shared_sessions and bool(_worker_pool_size)
 
     @property
     def lease_supported(self) -> bool:

@@ -28,6 +28,12 @@ HEARTBEAT_STOP_WAIT = 2.0
 def ping(lease: Lease) -> None:
     """One heartbeat; marks the lease lost if the server ended the session."""
     conn = lease.session
+    shared = lease.shared
+    # A shared session that answered lately (another run's statement or ping) is not
+    # idle either: one ping keeps all of its runs' locks.
+    if shared is not None and time.monotonic() - shared.answered < _interval(lease) / 2:
+        lease.last_ping = lease.confirmed = shared.answered
+        return
     # Never wait behind the task's own query (transaction scope): a busy connection is
     # not idle, so the server will not end it.
     if lease.released or not conn.lock.acquire(blocking=False):
@@ -38,6 +44,8 @@ def ping(lease: Lease) -> None:
         with boundary(conn=conn):
             conn.execute(PING_SQL)
         lease.last_ping = lease.confirmed = time.monotonic()
+        if shared is not None:
+            shared.answered = lease.confirmed
     except DatabaseError as exc:
         judge_failure(lease, exc)
 

@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any
 
-from celery_pglock import unwaited
+from celery_pglock import shared, unwaited
 from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
 from celery_pglock.failures import boundary
@@ -93,6 +93,8 @@ def acquire(
     if scope == "session":
         db.check_session_scope()
     query = db.tables.query("acquire" if claim.slot is not None else "acquire_mutex")
+    if scope == "session" and waited is None and db.shares_sessions:
+        return shared.acquire(db, claim, query, params, lease_seconds)
     conn, row = _execute_acquire(db, query, params, scope, waited)
     if not row[0]:
         # The holder may have just ended, its release sent unwaited and not yet read by
@@ -167,6 +169,8 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     if lease.lease_seconds is not None:
         unwatch(lease)
     lease.released = True
+    if lease.shared is not None:
+        return _release_shared(db, lease, state, reason)
     conn = lease.session
     if _release_unwaited(db, lease):
         return Released(recorded=False, lost=lease.known_lost)
@@ -192,6 +196,21 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
     db.putconn(conn, clean=True)
     recorded = bool(row and row[0])
+    if recorded and state == SUCCEEDED:
+        db.recall.remember(lease.claim, lease.token)
+    return Released(recorded=recorded, lost=lease.known_lost)
+
+
+def _release_shared(db: Database, lease: Lease, state: str, reason: str | None) -> Released:
+    """``release`` of a lock on a session the process's runs share (``shared``)."""
+    disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
+    params = release_params(lease, state, reason, disarm)
+    try:
+        row = shared.release(db, lease, db.tables.query("release_shared"), params)
+    except DatabaseError as exc:  # the session was ended: its locks are free
+        lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
+        return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
+    recorded = bool(row[0])
     if recorded and state == SUCCEEDED:
         db.recall.remember(lease.claim, lease.token)
     return Released(recorded=recorded, lost=lease.known_lost)

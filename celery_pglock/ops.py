@@ -107,6 +107,8 @@ def describe_session(row: Row) -> Row:
         client_addr=row.get("client_addr"),
         user=row.get("usename"),
     )
+    if "other_locks" in row:  # a lock's holders (``holders``): what else its session holds
+        who["other_locks"] = row["other_locks"]
     return who
 
 

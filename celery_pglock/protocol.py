@@ -12,7 +12,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from celery_pglock import signals
 from celery_pglock.errors import DatabaseError, LockLost, SessionGone
@@ -122,6 +122,15 @@ class Skip:
         return self.lock_name
 
 
+class SharedSession(Protocol):
+    """What a lease on a session shared by a process's runs (``shared``) asks of it."""
+
+    answered: float  # when the server last answered on the session (time.monotonic)
+
+    def lend(self, lease: Lease) -> Connection:
+        """A connection of the lease's own for its body, given back at the release."""
+
+
 @dataclass
 class Lease:
     """A granted lock: what the task sees as ``self.pglock``."""
@@ -137,6 +146,10 @@ class Lease:
     # When the server last answered on the lock's connection (the grant, a ping, a check).
     confirmed: float = field(default_factory=time.monotonic)
     released: bool = False  # release began: the heartbeat must not use the connection
+    # Set when ``session`` is shared by the process's runs (``shared``): the body then
+    # gets a connection of its own (``lent``), never the shared session.
+    shared: SharedSession | None = None
+    lent: Connection | None = None
 
     @property
     def lock(self) -> str:
@@ -145,7 +158,10 @@ class Lease:
     @property
     def connection(self) -> Connection:
         """The lock's connection, for the body: in transaction scope inside the lock's
-        transaction."""
+        transaction. A lock on a shared session lends the body a connection of its own
+        (a session-scope lock never shares its connection with other code)."""
+        if self.shared is not None:
+            return self.shared.lend(self)
         return self.session
 
     @property
@@ -192,6 +208,8 @@ class Lease:
             judge_failure(self, exc)
         else:
             self.confirmed = time.monotonic()
+            if self.shared is not None:
+                self.shared.answered = self.confirmed
 
     def mark_lost(self, cause: str) -> None:
         if self.known_lost:

@@ -108,6 +108,8 @@ class StartupCheck(bootsteps.StartStopStep):
             how = f"{concurrency} processes, {concurrency * size} connections in all"
         elif in_process:
             who, how = "this worker process", "its tasks run in this process"
+            if settings.shared_sessions:
+                how += ", their session-scope locks on one shared session"
         elif pool == "solo":
             who = "this worker process"
         idle = settings.idle_timeout

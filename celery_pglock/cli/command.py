@@ -215,6 +215,7 @@ def release(ctx: click.Context, name: str, yes: bool, any_namespace: bool, as_js
             raise NotFound(f"lock {name!r} is not held")
         if not yes:
             click.echo(output.holders_text(name, found), err=True)
+            click.echo(output.shared_note(found), err=True, nl=False)
             raise Refused("refusing to end this session without --yes")
         done = ops.force_release(conn, tables, name)
     _report_release(name, done, as_json)
@@ -227,6 +228,7 @@ def _report_release(name: str, done: ops.ForcedRelease | None, as_json: bool) ->
         output.echo_json(done.as_json())
     else:
         click.echo(output.holders_text(name, done.terminated))
+        click.echo(output.shared_note(done.terminated), nl=False)
         state = "free" if done.released else "still held 5 s after termination"
         click.echo(f"\nterminated by {done.operator}; lock {name!r} is {state}")
     if not done.released:

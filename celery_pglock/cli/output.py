@@ -250,6 +250,19 @@ def holders_text(name: str, holders: list[Row]) -> str:
     return section(f"HOLDER OF {name}", headers, rows)
 
 
+def shared_note(holders: list[Row]) -> str:
+    """What else ending the holders' sessions frees: a threads, gevent or eventlet
+    worker's runs share one session for their locks (``pglock_shared_sessions``)."""
+    lines = [
+        f"\nbackend {h['backend_pid']} also holds {h['other_locks']} other advisory locks "
+        "(a session shared by one worker process's runs): ending it frees them too, and "
+        "their runs report lock_lost\n"
+        for h in holders
+        if h.get("other_locks")
+    ]
+    return "".join(lines)
+
+
 def pauses_text(pauses: list[Row]) -> str:
     headers = ("ENTRY", "PAUSED BY", "SINCE", "SLOTS HELD BACK", "REASON")
     rows = [

@@ -106,7 +106,11 @@ SELECT l.pid AS backend_pid, a.application_name, host(a.client_addr) AS client_a
        a.usename, a.backend_start, a.xact_start,
        (h.backend_pid = l.pid AND h.since >= a.backend_start
         AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)) AS recorded,
-       h.task_id, h.host, h.pid, h.slot, h.token, h.since
+       h.task_id, h.host, h.pid, h.slot, h.token, h.since,
+       -- a session a threads/gevent worker's runs share holds their other locks too
+       (SELECT count(*) - 1 FROM pg_locks o
+         WHERE o.locktype = 'advisory' AND o.objsubid = 1 AND o.granted
+           AND o.pid = l.pid) AS other_locks
   FROM held l
   JOIN pg_stat_activity a ON a.pid = l.pid
   LEFT JOIN {holders} h ON h.lock_key = l.lock_key

@@ -109,6 +109,37 @@ SELECT outcome.recorded,
 -- disarm), $2 the pooled application_name.
 SELECT pg_advisory_unlock_all(), {set_lease}($1, false), {label_session}($2);
 
+-- name: release_shared
+-- `release` for a lock on a session the process's runs share (shared.py): record the
+-- outcome, then free this run's key (%(held_key)s) and, under pglock_concurrency, the
+-- slot's own lock it took first (%(slot_lock)s), each once: the session's other locks
+-- are other runs'. The lease is disarmed (%(disarm_ms)s) and the session relabelled
+-- (%(idle_application_name)s) only by the last run on it (NULL: left as they are).
+WITH done AS (
+    UPDATE {runs}
+       SET state = %(state)s, reason = %(reason)s, finished_at = now(), updated_at = now()
+     WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s
+       AND state = 'running'
+    RETURNING 1
+)
+SELECT outcome.recorded,
+       pg_advisory_unlock(%(held_key)s) AS released,
+       CASE WHEN %(slot_lock)s::integer[] IS NOT NULL
+            THEN pg_advisory_unlock((%(slot_lock)s::integer[])[1], (%(slot_lock)s::integer[])[2])
+       END AS slot_released,
+       {set_lease}(%(disarm_ms)s, false) AS lease,
+       CASE WHEN %(idle_application_name)s::text IS NOT NULL
+            THEN {label_session}(%(idle_application_name)s) END AS application_name
+  FROM (SELECT count(*) AS recorded FROM done) AS outcome;
+
+-- name: unlock_shared
+-- A run on a shared session got the lock, but not the slot (done, superseded or late):
+-- free what it took, as `release_shared` does, before its skip is logged.
+SELECT pg_advisory_unlock(%(held_key)s) AS released,
+       CASE WHEN %(slot_lock)s::integer[] IS NOT NULL
+            THEN pg_advisory_unlock((%(slot_lock)s::integer[])[1], (%(slot_lock)s::integer[])[2])
+       END AS slot_released;
+
 -- name: record_outcome
 -- After the lock's connection broke: record the outcome on a fresh connection, but only
 -- if no later attempt took the row over (same token, still running, or recorded

@@ -1,0 +1,302 @@
+"""One server session for the session-scope locks of a process whose tasks run as
+threads or greenlets (``pglock_shared_sessions``).
+
+Advisory locks belong to a server session, and one session holds thousands: so every
+session-scope lock such a process takes without waiting lives on one shared session (one
+per lease length, as the lease is the session's idle timeout), not on a connection per
+running task. A worker with ``-P gevent -c 300`` then needs a handful of connections.
+
+- Exclusion inside the process: a session takes again a lock it already holds, so the
+  server cannot keep two runs of this process apart; the process does. A key (or a
+  slot's own lock) that a run of this process holds is not asked for again: a claim with
+  none of its keys left is skipped as ``locked`` at once, its holder named from here.
+- Turns: statements on the shared sessions, and the bookkeeping around them, take turns
+  (one lock per process); a round trip is short, and a connection carries one statement
+  at a time anyway.
+- The lease is armed on the session while any run holds a lock on it; the heartbeat's
+  ping of one run keeps all of them. A frozen or dead process loses every lock on it, as
+  before; a session that ends marks every lease on it lost.
+- The last run's release disarms the lease and gives the connection back to the pool,
+  whose idle close then returns it to the server.
+- A body reading ``self.pglock.connection`` is lent a pooled connection of its own until
+  the release: a session-scope lock never shares its connection with other code.
+
+Waiting runs (``pglock_wait``) and transaction scope keep one connection per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+
+from celery_pglock.db import Database
+from celery_pglock.errors import DatabaseError, PgLockError, SessionGone
+from celery_pglock.failures import boundary
+from celery_pglock.heartbeat import watch
+from celery_pglock.keys import slot_lock
+from celery_pglock.ledger import holder_application_name, record_skip
+from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.sessions import HOSTNAME, Connection, close_quietly
+
+logger = logging.getLogger("celery_pglock")
+
+Row = tuple[Any, ...]
+SlotLock = tuple[int, int] | None
+ACTIVE = psycopg.pq.TransactionStatus.ACTIVE
+
+
+class Session:
+    """One shared server session and the leases of the runs holding a lock on it."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.conn: Connection | None = None
+        self.leases: dict[int, Lease] = {}
+        self.answered = 0.0  # when the server last answered on it (time.monotonic)
+
+    def lend(self, lease: Lease) -> Connection:
+        """A pooled connection for ``lease``'s body, given back at its release."""
+        if lease.released:  # lent now, nothing would give it back
+            raise PgLockError(f"lock {lease.lock!r} was released: its run has no connection")
+        if lease.lent is None:
+            lease.lent = self._db.getconn()
+        return lease.lent
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A lock a run of this process holds on a shared session."""
+
+    lease: Lease
+    since: str  # when it was granted (ISO 8601, UTC), for a skip naming its holder
+
+
+class Sessions:
+    """A process's shared sessions for one ``Database``, and the locks its runs hold."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.turn = threading.Lock()
+        self._by_lease: dict[str | None, Session] = {}  # by the lease armed on them
+        self._keys: dict[int, Held] = {}  # lock key -> the run holding it
+        self._slot_locks: dict[tuple[int, int], Held] = {}
+
+    def session(self, armed: str | None) -> Session:
+        found = self._by_lease.get(armed)
+        if found is None:
+            found = self._by_lease[armed] = Session(self.db)
+        return found
+
+    def holder(self, claim: Claim, slot: SlotLock) -> Held | None:
+        """The run of this process that keeps ``claim`` from running now, if any: it
+        holds the claim's slot lock, or every one of its keys."""
+        if slot is not None and slot in self._slot_locks:
+            return self._slot_locks[slot]
+        keys = claim.keys or (claim.key,)
+        held = [self._keys[key] for key in keys if key in self._keys]
+        return held[0] if len(held) == len(keys) else None
+
+    def free_keys(self, claim: Claim) -> list[int]:
+        keys = [key for key in claim.keys or (claim.key,) if key not in self._keys]
+        # One key left of several: given twice, so that the lock statement still takes
+        # the slot's own lock first (``try_lock_any`` runs for more than one key).
+        return keys * 2 if claim.keys and len(keys) == 1 else keys
+
+    def hold(self, lease: Lease, session: Session, slot: SlotLock) -> None:
+        held = Held(lease, datetime.now(timezone.utc).isoformat())
+        session.leases[id(lease)] = lease
+        self._keys[lease.claim.key] = held
+        if slot is not None:
+            self._slot_locks[slot] = held
+
+    def forget(self, lease: Lease, session: Session, slot: SlotLock) -> None:
+        session.leases.pop(id(lease), None)
+        if (found := self._keys.get(lease.claim.key)) and found.lease is lease:
+            del self._keys[lease.claim.key]
+        if slot is not None and (found := self._slot_locks.get(slot)) and found.lease is lease:
+            del self._slot_locks[slot]
+
+    def connect(self, session: Session) -> Connection:
+        """The session's connection, taken from the pool if it has none (turn held)."""
+        if session.conn is None:
+            conn = self.db.getconn()
+            if not conn.autocommit:  # a transaction-scope run gave it back idle
+                conn.autocommit = True
+            session.conn = conn
+        return session.conn
+
+    def drop(self, session: Session, cause: str) -> None:
+        """End the session (it ended, reaches a standby, or its state is unknown after an
+        interrupted statement): every lock on it is lost, none is left behind."""
+        conn, session.conn = session.conn, None
+        if conn is not None:
+            close_quietly(conn)  # its session ends: the server frees whatever it held
+            self.db.putconn(conn, clean=False)  # closed: the pool forgets it
+        for lease in list(session.leases.values()):
+            lease.mark_lost(cause)
+
+    def give_back(self, session: Session) -> None:
+        """Return an unused session's connection to the pool (turn held)."""
+        if session.leases or session.conn is None:
+            return
+        conn, session.conn = session.conn, None
+        self.db.putconn(conn, clean=True)
+
+    def execute(self, session: Session, query: bytes, params: Any) -> tuple[Connection, Row]:
+        """Run ``query`` on the session (turn held). A session found ended is dropped
+        and the statement tried once more, on a new one."""
+        for attempt in range(2):
+            conn = self.connect(session)
+            try:
+                with boundary(self.db.settings, conn):
+                    row = conn.execute(query, params).fetchone()
+            except SessionGone as exc:
+                self.drop(session, f"the shared session ended: {exc.cause or exc}")
+                if attempt:
+                    raise
+                continue
+            except BaseException:
+                if conn.info.transaction_status == ACTIVE or conn.broken:
+                    self.drop(session, "a statement on the shared session was cut off")
+                raise
+            assert row is not None
+            session.answered = time.monotonic()
+            return conn, row
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def sessions_of(db: Database) -> Sessions:
+    """``db``'s shared sessions (created on first use)."""
+    with db.shared_lock:
+        if db.shared_sessions is None:
+            db.shared_sessions = Sessions(db)
+        found = db.shared_sessions
+    assert isinstance(found, Sessions)
+    return found
+
+
+def label() -> str:
+    """What ``pg_stat_activity`` shows for a shared session: its process, no task."""
+    return holder_application_name(None, os.getpid(), HOSTNAME)
+
+
+def slot_lock_of(claim: Claim) -> SlotLock:
+    """The slot's own lock a claim under ``pglock_concurrency`` takes first, if any."""
+    return slot_lock(claim.lock_name, claim.slot) if claim.keys and claim.slot else None
+
+
+def acquire(
+    db: Database, claim: Claim, query: bytes, params: dict[str, Any], lease_seconds: float | None
+) -> Lease | Skip:
+    """``locks.acquire`` on a shared session: ``query`` and its ``params`` as it made them."""
+    sessions = sessions_of(db)
+    slot = slot_lock_of(claim)
+    with sessions.turn:
+        session = sessions.session(params["lease_ms"])
+        holder = sessions.holder(claim, slot)
+        if holder is not None:
+            return _skip(sessions, session, claim, "locked", None, holder=holder)
+        params = {**params, "keys": sessions.free_keys(claim), "application_name": label()}
+        conn, row = sessions.execute(session, query, params)
+        if not row[0]:  # a holder elsewhere may have just ended: one more try, as locks does
+            conn, row = sessions.execute(session, query, params)
+        acquired, key, token, attempts, newer_slot, late = row
+        if acquired and (claim.slot is None or attempts is not None):
+            held = claim if key == claim.key else dataclasses.replace(claim, key=key)
+            lease = Lease(held, "session", conn, token, attempts, lease_seconds, shared=session)
+            sessions.hold(lease, session, slot)
+            if lease_seconds is not None:
+                watch(lease)
+            return lease
+        if acquired:  # the slot is done, superseded or late: free what this try took
+            unlock = db.tables.query("unlock_shared")
+            sessions.execute(session, unlock, {"held_key": key, "slot_lock": _array(slot)})
+        reason = "superseded" if newer_slot else "late" if late else "locked"
+        return _skip(sessions, session, claim, reason, newer_slot, holder=None)
+
+
+def _skip(
+    sessions: Sessions,
+    session: Session,
+    claim: Claim,
+    reason: str,
+    newer_slot: str | None,
+    *,
+    holder: Held | None,
+) -> Skip:
+    """Log the skip on the session (turn held). The look-up names holders of other
+    sessions only: a run of this process holding the lock is named from here."""
+    conn = sessions.connect(session)
+    try:
+        with boundary(sessions.db.settings, conn):
+            skip = record_skip(conn, sessions.db, claim, reason, held=False, newer_slot=newer_slot)
+    except BaseException:
+        if conn.info.transaction_status == ACTIVE or conn.broken:
+            sessions.drop(session, "a statement on the shared session was cut off")
+        raise
+    finally:
+        sessions.give_back(session)
+    if holder is not None and skip.reason == "locked" and skip.holder is None:
+        claimed = holder.lease.claim
+        named = {
+            "host": claimed.host,
+            "pid": claimed.pid or os.getpid(),
+            "task_id": claimed.task_id,
+        }
+        named |= {"since": holder.since, "slot": claimed.slot}
+        skip = dataclasses.replace(skip, holder=named, token=holder.lease.token)
+    return skip
+
+
+def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) -> Row:
+    """``locks.release`` on a shared session: record the outcome and free this run's lock
+    only. The last run on the session disarms its lease and gives its connection back.
+
+    Any failure ends the session (``drop``): a lock whose release did not go through
+    must not stay held by a session that lives on. The caller then records the outcome
+    elsewhere, if it still can.
+    """
+    sessions = sessions_of(db)
+    session = lease.shared
+    assert isinstance(session, Session)
+    lent, lease.lent = lease.lent, None
+    if lent is not None:  # the body's own: reset (its transaction, its own locks) and back
+        db.putconn(lent, clean=False)
+    slot = slot_lock_of(lease.claim)
+    with sessions.turn:
+        last = len(session.leases) == 1
+        params = {
+            **params,
+            "held_key": lease.claim.key,
+            "slot_lock": _array(slot),
+            "disarm_ms": params["disarm_ms"] if last else None,
+            "idle_application_name": params["idle_application_name"] if last else None,
+        }
+        conn = lease.session
+        try:
+            if conn is not session.conn:
+                raise SessionGone("the shared session ended before the release")
+            with boundary(db.settings, conn):
+                row = conn.execute(query, params).fetchone()
+        except BaseException as exc:
+            if conn is session.conn:
+                cause = exc.cause if isinstance(exc, DatabaseError) and exc.cause else exc
+                sessions.drop(session, f"the release failed on the shared session: {cause}")
+            raise
+        finally:
+            sessions.forget(lease, session, slot)
+        session.answered = time.monotonic()
+        sessions.give_back(session)
+    assert row is not None
+    return tuple(row)
+
+
+def _array(slot: SlotLock) -> list[int] | None:
+    return list(slot) if slot is not None else None
