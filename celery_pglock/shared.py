@@ -142,6 +142,22 @@ class Sessions:
         for lease in list(session.leases.values()):
             lease.mark_lost(cause)
 
+    def unlock(self, session: Session, keys: list[int], slot: SlotLock) -> None:
+        """Free ``keys`` and ``slot`` on the session, which no run of the process holds
+        (turn held); if that fails, end the session rather than leave them held."""
+        conn = session.conn
+        if conn is None:
+            return  # ended: nothing of it is held any more
+        params = {"keys": sorted(set(keys)), "slot_lock": _array(slot)}
+        try:
+            with boundary(self.db.settings, conn):
+                conn.execute(self.db.tables.query("unlock_shared"), params)
+        except DatabaseError as exc:
+            self.drop(session, f"freeing a lock on the shared session failed: {exc}")
+        except BaseException:
+            self.drop(session, "freeing a lock on the shared session was cut off")
+            raise
+
     def give_back(self, session: Session) -> None:
         """Return an unused session's connection to the pool (turn held)."""
         if session.leases or session.conn is None:
@@ -203,10 +219,17 @@ def acquire(
         holder = sessions.holder(claim, slot)
         if holder is not None:
             return _skip(sessions, session, claim, "locked", None, holder=holder)
-        params = {**params, "keys": sessions.free_keys(claim), "application_name": label()}
-        conn, row = sessions.execute(session, query, params)
-        if not row[0]:  # a holder elsewhere may have just ended: one more try, as locks does
+        keys = sessions.free_keys(claim)
+        params = {**params, "keys": keys, "application_name": label()}
+        try:
             conn, row = sessions.execute(session, query, params)
+            if not row[0]:  # a holder elsewhere may have just ended: one more try, as locks
+                conn, row = sessions.execute(session, query, params)
+        except DatabaseError:
+            # Cut short (a DBA's statement_timeout, say): a lock it took before failing
+            # outlives the statement on a session that lives on.
+            sessions.unlock(session, keys, slot)
+            raise
         acquired, key, token, attempts, newer_slot, late = row
         if acquired and (claim.slot is None or attempts is not None):
             held = claim if key == claim.key else dataclasses.replace(claim, key=key)
@@ -216,8 +239,7 @@ def acquire(
                 watch(lease)
             return lease
         if acquired:  # the slot is done, superseded or late: free what this try took
-            unlock = db.tables.query("unlock_shared")
-            sessions.execute(session, unlock, {"held_key": key, "slot_lock": _array(slot)})
+            sessions.unlock(session, [key], slot)
         reason = "superseded" if newer_slot else "late" if late else "locked"
         return _skip(sessions, session, claim, reason, newer_slot, holder=None)
 

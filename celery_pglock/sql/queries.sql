@@ -133,9 +133,11 @@ SELECT outcome.recorded,
   FROM (SELECT count(*) AS recorded FROM done) AS outcome;
 
 -- name: unlock_shared
--- A run on a shared session got the lock, but not the slot (done, superseded or late):
--- free what it took, as `release_shared` does, before its skip is logged.
-SELECT pg_advisory_unlock(%(held_key)s) AS released,
+-- Free %(keys)s and the slot's own lock on a shared session, which no run of the process
+-- holds: a run got the lock but not the slot (done, superseded or late), or its lock
+-- statement failed after it may have taken them (a key not held only draws a warning).
+SELECT (SELECT count(*) FROM unnest(%(keys)s::bigint[]) AS k
+         WHERE pg_advisory_unlock(k)) AS released,
        CASE WHEN %(slot_lock)s::integer[] IS NOT NULL
             THEN pg_advisory_unlock((%(slot_lock)s::integer[])[1], (%(slot_lock)s::integer[])[2])
        END AS slot_released;

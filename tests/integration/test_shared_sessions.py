@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from celery_pglock import db as db_module
@@ -17,7 +18,7 @@ from celery_pglock import ops
 from celery_pglock.cli import output
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
-from celery_pglock.errors import LockLost
+from celery_pglock.errors import LockLost, WaitEnded
 from celery_pglock.keys import lock_keys
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
@@ -232,3 +233,30 @@ def test_an_operator_ending_a_shared_session_is_told_what_else_it_frees(
         second.check()
     for lease in (first, second):
         assert release(db, lease, SUCCEEDED).lost
+
+
+def test_a_lock_statement_cut_short_leaves_no_lock_on_the_session(
+    pg_dsn: str, pglock_schema: str, pg_conn: Conn, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DBA's statement_timeout ends a lock statement after it took the advisory lock
+    (its holder row is locked by another transaction): the lock is freed on the session,
+    which lives on, with the other run's lock."""
+    monkeypatch.setattr(db_module, "_worker_pool_size", THREADS + 1)
+    dsn = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}options=-c%20statement_timeout%3D500"
+    with open_database(Settings(dsn=dsn, schema=pglock_schema)) as db:
+        assert release(db, granted(acquire(db, claim(job, "a"), "session", 30.0)), SUCCEEDED)
+        other = granted(acquire(db, claim(f"{job}-other", "s"), "session", 30.0))
+        backend = other.session.info.backend_pid
+        blocker = psycopg.connect(pg_dsn)
+        try:
+            query = db.tables.render("SELECT 1 FROM {holders} WHERE lock_key = %s FOR UPDATE")
+            assert blocker.execute(query, (claim(job).key,)).fetchone() is not None
+            with pytest.raises(WaitEnded):
+                acquire(db, claim(job, "b"), "session", 30.0)
+        finally:
+            blocker.close()
+
+        assert [] == lock_holders(pg_conn, job)
+        assert [backend] == lock_holders(pg_conn, f"{job}-other")
+        assert not other.known_lost
+        assert release(db, other, SUCCEEDED).recorded
