@@ -136,15 +136,18 @@ class StartupCheck(bootsteps.StartStopStep):
             },
         )
         if in_process and settings.pool_size is not None and settings.pool_size < concurrency:
+            # With a shared session, session-scope runs need none of their own.
+            which = "runs needing a connection of their own (transaction scope, waits)"
             logger.warning(
                 "pglock_pool_size = %d is below this worker's concurrency (%d, pool %s): "
-                "locked tasks beyond %d at once queue for a PostgreSQL connection, handed "
+                "%s beyond %d at once queue for a PostgreSQL connection, handed "
                 "over in order as runs end; one that sees none come back for "
                 "pglock_connect_timeout (%.1f s) is retried. To fix: "
                 "remove pglock_pool_size (auto: concurrency + 1) or set it to at least %d",
                 settings.pool_size,
                 concurrency,
                 pool,
+                which if settings.shared_sessions else "locked tasks",
                 settings.pool_size,
                 settings.connect_timeout,
                 concurrency + 1,
