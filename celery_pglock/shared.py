@@ -21,13 +21,13 @@ running task. A worker with ``-P gevent -c 300`` then needs a handful of connect
 - A body reading ``self.pglock.connection`` is lent a pooled connection of its own until
   the release: a session-scope lock never shares its connection with other code.
 
-Waiting runs (``pglock_wait``) and transaction scope keep one connection per run.
+Runs that wait for their lock (``advisory_lock(wait=True)``) and transaction scope keep
+one connection per run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -44,8 +44,6 @@ from celery_pglock.keys import slot_lock
 from celery_pglock.ledger import holder_application_name, record_skip
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.sessions import HOSTNAME, Connection, close_quietly
-
-logger = logging.getLogger("celery_pglock")
 
 Row = tuple[Any, ...]
 SlotLock = tuple[int, int] | None
@@ -158,12 +156,14 @@ class Sessions:
             self.drop(session, "freeing a lock on the shared session was cut off")
             raise
 
-    def give_back(self, session: Session) -> None:
-        """Return an unused session's connection to the pool (turn held)."""
+    def give_back(self, session: Session, *, disarmed: bool) -> None:
+        """Return an unused session's connection to the pool (turn held). ``disarmed``:
+        the last release put the lease and the label back; else (a skip's try may have
+        armed them) the pool's reset does."""
         if session.leases or session.conn is None:
             return
         conn, session.conn = session.conn, None
-        self.db.putconn(conn, clean=True)
+        self.db.putconn(conn, clean=disarmed)
 
     def execute(self, session: Session, query: bytes, params: Any) -> tuple[Connection, Row]:
         """Run ``query`` on the session (turn held). A session found ended is dropped
@@ -264,7 +264,7 @@ def _skip(
             sessions.drop(session, "a statement on the shared session was cut off")
         raise
     finally:
-        sessions.give_back(session)
+        sessions.give_back(session, disarmed=False)
     if holder is not None and skip.reason == "locked" and skip.holder is None:
         claimed = holder.lease.claim
         named = {
@@ -315,7 +315,7 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
         finally:
             sessions.forget(lease, session, slot)
         session.answered = time.monotonic()
-        sessions.give_back(session)
+        sessions.give_back(session, disarmed=True)
     assert row is not None
     return tuple(row)
 

@@ -260,3 +260,19 @@ def test_a_lock_statement_cut_short_leaves_no_lock_on_the_session(
         assert [backend] == lock_holders(pg_conn, f"{job}-other")
         assert not other.known_lost
         assert release(db, other, SUCCEEDED).recorded
+
+
+def test_a_skip_on_an_unused_session_gives_its_connection_back_disarmed(
+    db: Database, job: str
+) -> None:
+    """A duplicate of a done slot took the lock (arming the lease) on a session no other
+    run uses: its connection goes back to the pool with the lease and label put back."""
+    assert release(db, granted(acquire(db, claim(job, "s"), "session", 30.0)), SUCCEEDED)
+    assert "done" == skipped(acquire(db, claim(job, "s"), "session", 30.0)).reason
+
+    assert (1, 1) == (db.pool.size, db.pool.idle)
+    with db.connection() as pooled:
+        assert ("0",) == pooled.execute("SHOW idle_session_timeout").fetchone()
+        name = pooled.execute("SHOW application_name").fetchone()
+        assert name is not None
+        assert not name[0].startswith("pglock ")
