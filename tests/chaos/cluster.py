@@ -15,9 +15,11 @@ failover manager's callback would.
 Processes (``tests.faults.workload.Workload`` of ``tests.chaos.chaosapp``):
 
 - beat replicas ``b1``-``b3`` (``PgLockScheduler``; leader election, or active-active);
-- prefork workers (``-c 2``, ``acks_late``, ``reject_on_worker_lost``) ``w1`` and ``w2``
-  straight to PostgreSQL, ``wp`` through the proxy, and ``wtx`` through PgBouncer's
-  transaction pooling on a queue of its own (the transaction-scope entry ``tx``).
+- prefork workers (``-c 2``, ``acks_late``, ``reject_on_worker_lost``) ``w1`` straight to
+  PostgreSQL, ``wp`` through the proxy, and ``wtx`` through PgBouncer's transaction
+  pooling on a queue of its own (the transaction-scope entry ``tx``); ``w2``, straight to
+  PostgreSQL, runs its tasks as threads (``-P threads -c 3``): their session-scope locks
+  share one session of the process (``celery_pglock.shared``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,13 @@ SELECT task, lock_name, slot, token, pid FROM {executions}
 class WorkerSpec:
     queue: str
     env: dict[str, str] = field(default_factory=dict)
+    pool: str = "prefork"
+    concurrency: int = CONCURRENCY
+
+    @property
+    def in_process(self) -> bool:
+        """Whether its tasks run in the worker's own process (no pool processes)."""
+        return self.pool != "prefork"
 
 
 class Cluster:
@@ -167,7 +176,10 @@ class Cluster:
             CHAOS_RECORD_KEY=RECORD_KEY,
         )
         queue = self.w.env["TEST_QUEUE"]
-        self.specs = {"w1": WorkerSpec(queue), "w2": WorkerSpec(queue)}
+        self.specs = {
+            "w1": WorkerSpec(queue),
+            "w2": WorkerSpec(queue, pool="threads", concurrency=3),
+        }
         self.specs["wp"] = WorkerSpec(queue, {"PGLOCK_DSN": self.proxy.proxied_dsn(self.pg.dsn)})
         if self.bouncer is not None:
             tx_queue = f"{queue}-tx"
@@ -270,7 +282,12 @@ class Cluster:
             return current
         spec = self.specs[label]
         proc = self.workload.worker(
-            label, concurrency=CONCURRENCY, queue=spec.queue, wait=False, **spec.env
+            label,
+            concurrency=spec.concurrency,
+            queue=spec.queue,
+            wait=False,
+            pool=spec.pool,
+            **spec.env,
         )
         self.workers[label] = proc
         self.started_at[proc.pid] = time.monotonic()
@@ -322,7 +339,20 @@ class Cluster:
             os.kill(pid, sig)
 
     def pool_processes(self) -> set[int]:
-        return {pid for _, proc in self.live_workers() for pid in proc.children()}
+        """The processes running tasks: prefork workers' children, and the workers whose
+        tasks run as threads in the worker itself."""
+        return self.pool_children() | self.in_process_workers()
+
+    def pool_children(self) -> set[int]:
+        return {
+            pid
+            for label, proc in self.live_workers()
+            if not self.specs[label].in_process
+            for pid in proc.children()
+        }
+
+    def in_process_workers(self) -> set[int]:
+        return {proc.pid for label, proc in self.live_workers() if self.specs[label].in_process}
 
     def lease_of(self, task: str) -> float:
         return chaosapp.LONG_LEASE if task == "chaos.long" else TASK_LEASE

@@ -121,7 +121,11 @@ def beat_kill(fault: Fault, cluster: Cluster) -> Hit:
 
 
 def child_kill(fault: Fault, cluster: Cluster) -> Hit:
-    running = cluster.wait_for_running(FIND_TARGET_FOR)
+    # A pool process: a threads worker's tasks run in the worker (that is worker_kill).
+    whole = cluster.in_process_workers()
+    running = [
+        task for task in cluster.wait_for_running(FIND_TARGET_FOR) if task["pid"] not in whole
+    ]
     if not running:
         return Hit(None, {"why": "no task running"})
     task = fault.choose(running)

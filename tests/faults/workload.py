@@ -182,16 +182,18 @@ class Workload:
         concurrency: int = 2,
         queue: str | None = None,
         wait: bool = True,
+        pool: str = "prefork",
         **env: str,
     ) -> Proc:
-        """Start a prefork worker on ``queue`` (default: this workload's); wait until ready
-        (``wait=False``: return at once, see ``worker_ready``)."""
+        """Start a worker (``pool``: prefork, or threads whose locks share a session) on
+        ``queue`` (default: this workload's); wait until ready (``wait=False``: return at
+        once, see ``worker_ready``)."""
         queue = queue or self.env["TEST_QUEUE"]
         node = f"{label}-{queue}"
         proc = self.procs.celery(
             self.app,
             "worker",
-            *("-P", "prefork", "-c", str(concurrency), "-n", f"{node}@%h"),
+            *("-P", pool, "-c", str(concurrency), "-n", f"{node}@%h"),
             *("--without-gossip", "--without-mingle", "--without-heartbeat"),
             *("-l", "info", "-Q", queue),
             env={**self.env, **env},
