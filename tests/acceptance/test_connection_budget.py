@@ -10,10 +10,12 @@
   connections it may hold.
 - A SIGSTOPped gevent worker loses all of its locks (one shared session) within the lease,
   and another worker runs the same slots with larger fencing tokens.
+- 100 tries of one lock name on one gevent (or threads) worker: two runs never overlap.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -30,7 +32,7 @@ from psycopg import sql
 
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import poolapp
-from tests.apps.harness import WORKER_READY_TIMEOUT, configure_client, redis_app_env
+from tests.apps.harness import WORKER_READY_TIMEOUT, configure_client, executions, redis_app_env
 from tests.fixtures.pg import fresh_schema, started_embedded
 from tests.fixtures.procs import Proc, Procs, wait_until
 
@@ -312,3 +314,32 @@ def _states(dsn: str, schema: str) -> list[tuple[str, str]]:
     query = sql.SQL("SELECT slot, state FROM {}.pglock_runs")
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [tuple(row) for row in conn.execute(query.format(sql.Identifier(schema)))]
+
+
+@pytest.mark.parametrize("pool", ["gevent", "threads"])
+def test_two_runs_of_one_lock_name_in_one_process_never_overlap(
+    redis_url: str, pg_dsn: str, pglock_schema: str, procs: Procs, pool: str
+) -> None:
+    """100 tries of one lock name on one worker of concurrency 20, ten at once: the runs
+    that got the lock never overlap (their session would grant it to each of them; the
+    process keeps them apart), the others are skipped, and tokens grow run after run."""
+    env = redis_app_env(pg_dsn=pg_dsn, schema=pglock_schema, redis_url=redis_url)
+    configure_client(env)
+    start_worker(procs, env, pool, 20, f"one-{pool}")
+    results = []
+    for _ in range(10):
+        wave = [poolapp.hold.apply_async(("same",), {"seconds": 0.05}) for _ in range(10)]
+        wait_until(
+            lambda wave=wave: all(r.state in {"SUCCESS", "SKIPPED"} for r in wave),
+            timeout=DEADLINE,
+            message="a wave of tries to end",
+        )
+        results.extend(wave)
+
+    runs = sorted(executions(pg_dsn, pglock_schema), key=lambda row: row["started"])
+    assert 100 == len(results)
+    assert len(runs) == sum(r.state == "SUCCESS" for r in results) >= 10
+    assert all(row["finished"] is not None for row in runs)
+    for before, after in itertools.pairwise(runs):
+        assert before["finished"] <= after["started"], (before, after)
+        assert before["token"] < after["token"]
