@@ -37,7 +37,7 @@ from typing import Any
 import psycopg
 
 from celery_pglock.db import Database
-from celery_pglock.errors import DatabaseError, PgLockError, SessionGone
+from celery_pglock.errors import DatabaseError, PgLockError, ReadOnlyServer, SessionGone
 from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import watch
 from celery_pglock.keys import slot_lock
@@ -140,6 +140,15 @@ class Sessions:
         for lease in list(session.leases.values()):
             lease.mark_lost(cause)
 
+    def drop_if_unusable(self, session: Session, conn: Connection, exc: BaseException) -> None:
+        """After ``exc`` on the session's ``conn``: end the session if it is gone, reaches a
+        server that takes no writes (a demoted primary: the next session may reach the new
+        one), or was cut off mid-statement (its state, locks included, is unknown)."""
+        if isinstance(exc, (SessionGone, ReadOnlyServer)):
+            self.drop(session, f"the shared session ended: {exc.cause or exc}")
+        elif conn.info.transaction_status == ACTIVE or conn.broken:
+            self.drop(session, "a statement on the shared session was cut off")
+
     def unlock(self, session: Session, keys: list[int], slot: SlotLock) -> None:
         """Free ``keys`` and ``slot`` on the session, which no run of the process holds
         (turn held); if that fails, end the session rather than leave them held."""
@@ -178,9 +187,8 @@ class Sessions:
                 if attempt:
                     raise
                 continue
-            except BaseException:
-                if conn.info.transaction_status == ACTIVE or conn.broken:
-                    self.drop(session, "a statement on the shared session was cut off")
+            except BaseException as exc:
+                self.drop_if_unusable(session, conn, exc)
                 raise
             assert row is not None
             session.answered = time.monotonic()
@@ -259,9 +267,8 @@ def _skip(
     try:
         with boundary(sessions.db.settings, conn):
             skip = record_skip(conn, sessions.db, claim, reason, held=False, newer_slot=newer_slot)
-    except BaseException:
-        if conn.info.transaction_status == ACTIVE or conn.broken:
-            sessions.drop(session, "a statement on the shared session was cut off")
+    except BaseException as exc:
+        sessions.drop_if_unusable(session, conn, exc)
         raise
     finally:
         sessions.give_back(session, disarmed=False)

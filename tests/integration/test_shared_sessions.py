@@ -18,7 +18,7 @@ from celery_pglock import ops
 from celery_pglock.cli import output
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
-from celery_pglock.errors import LockLost, WaitEnded
+from celery_pglock.errors import LockLost, ReadOnlyServer, WaitEnded
 from celery_pglock.keys import lock_keys
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
@@ -276,3 +276,24 @@ def test_a_skip_on_an_unused_session_gives_its_connection_back_disarmed(
         name = pooled.execute("SHOW application_name").fetchone()
         assert name is not None
         assert not name[0].startswith("pglock ")
+
+
+def test_a_shared_session_on_a_server_that_takes_no_writes_is_ended(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """The shared session reaches a server that turned read-only (a demoted primary):
+    the claim fails as ReadOnlyServer, the session is ended with its locks, and the next
+    claim opens a new one (which, behind a multi-host DSN, reaches the new primary)."""
+    holder = granted(acquire(db, claim(f"{job}-1", "s"), "session", 30.0))
+    shared = holder.session
+    shared.execute("SET default_transaction_read_only = on")  # as a demoted server answers
+
+    with pytest.raises(ReadOnlyServer):
+        acquire(db, claim(f"{job}-2", "s"), "session", 30.0)
+    assert shared.closed
+    assert holder.known_lost
+    assert [] == lock_holders(pg_conn, f"{job}-1")
+    again = granted(acquire(db, claim(f"{job}-2", "s"), "session", 30.0))
+    assert again.session is not shared
+    assert release(db, again, SUCCEEDED).recorded
+    assert release(db, holder, SUCCEEDED).lost
