@@ -56,16 +56,19 @@ def record_skip(
     *,
     held: bool,
     newer_slot: str | None = None,
+    local_holder: str | None = None,
 ) -> Skip:
     """Append the skip to the log and explain it. ``held``: this attempt got the lock (the
     slot turned out done, superseded or late), which the statement frees; ``newer_slot``
-    the succeeded slot that supersedes this one, if any."""
+    the succeeded slot that supersedes this one, if any; ``local_holder`` the task id of a
+    run of this process holding the lock on a shared session (``shared``)."""
     query = db.tables.query("skip")
     params = {
         **claim.params(),
         "held": held,
         "reason": reason,
         "newer_slot": newer_slot,
+        "local_holder": local_holder,
         "abandoned_reason": ABANDONED,
     }
     with conn.cursor(row_factory=dict_row) as cur:

@@ -266,7 +266,16 @@ def _skip(
     conn = sessions.connect(session)
     try:
         with boundary(sessions.db.settings, conn):
-            skip = record_skip(conn, sessions.db, claim, reason, held=False, newer_slot=newer_slot)
+            local = holder.lease.claim.task_id if holder is not None else None
+            skip = record_skip(
+                conn,
+                sessions.db,
+                claim,
+                reason,
+                held=False,
+                newer_slot=newer_slot,
+                local_holder=local,
+            )
     except BaseException as exc:
         sessions.drop_if_unusable(session, conn, exc)
         raise

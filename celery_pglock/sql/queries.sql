@@ -227,7 +227,9 @@ ON CONFLICT (lock_name, slot) DO UPDATE
 -- committed yet). Frees the lock first when this attempt held it (the slot turned out
 -- to be done, superseded or late). The reason: `done` if the slot succeeded, else
 -- `superseded` if the live holder runs a newer time slot of the same lock (and beat
--- entry) while coalescing (%(newer_than)s), else %(reason)s.
+-- entry) while coalescing (%(newer_than)s), else %(reason)s. %(local_holder)s: the task id
+-- of a run of the caller's own process that holds the lock on a session shared with it
+-- (shared.py), which the look-up, reading other sessions, cannot name.
 WITH released AS (
     SELECT CASE WHEN %(held)s THEN pg_advisory_unlock_all() END AS released
 ), run AS (
@@ -282,7 +284,8 @@ WITH released AS (
            -- who held the lock, or ran the slot: for a `done` skip the run that succeeded,
            -- not whichever attempt of another slot holds the lock now
            CASE WHEN (SELECT state FROM run) = 'succeeded' THEN (SELECT task_id FROM run)
-                ELSE coalesce((SELECT task_id FROM holder), (SELECT task_id FROM newer),
+                ELSE coalesce((SELECT task_id FROM holder), %(local_holder)s::text,
+                              (SELECT task_id FROM newer),
                               (SELECT task_id FROM run)) END
       FROM decided
      WHERE NOT (%(buffer)s AND decided.reason = 'locked')

@@ -122,7 +122,8 @@ def test_a_run_of_the_process_holding_the_lock_is_named_in_the_skip(
     assert skip.holder is not None
     assert ("the-holder", "a") == (skip.holder["task_id"], skip.holder["slot"])
     assert holder.token == skip.token
-    assert ["b"] == [row["slot"] for row in skip_rows(pg_conn, db, job)]
+    rows = skip_rows(pg_conn, db, job)
+    assert [("b", "the-holder")] == [(row["slot"], row["holder_task_id"]) for row in rows]
     assert release(db, holder, SUCCEEDED).recorded
 
 
