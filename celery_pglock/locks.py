@@ -60,12 +60,14 @@ def release_params(
     lease: Lease, state: str, reason: str | None, disarm: str | None
 ) -> dict[str, Any]:
     """The parameters of the ``release`` statement; ``disarm``: the lease to put back (the
-    session's configured value), or None."""
+    session's configured value), or None. Every lock of the connection is freed (a shared
+    session's release frees its own key instead: ``shared.release``)."""
     return {
         **lease.claim.params(),
         "token": lease.token,
         "state": state,
         "reason": short_reason(reason) if reason else None,
+        "held_key": None,
         "disarm_ms": disarm,
         "idle_application_name": application_name(),
     }
@@ -206,7 +208,7 @@ def _release_shared(db: Database, lease: Lease, state: str, reason: str | None) 
     disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
     params = release_params(lease, state, reason, disarm)
     try:
-        row = shared.release(db, lease, db.tables.query("release_shared"), params)
+        row = shared.release(db, lease, db.tables.query("release"), params)
     except DatabaseError as exc:  # the session was ended: its locks are free
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)

@@ -312,8 +312,7 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
         last = len(session.leases) == 1
         params = {
             **params,
-            "held_key": lease.claim.key,
-            "slot_lock": _array(slot),
+            "held_key": lease.claim.key,  # and its slot lock (``slot_lock``), if any
             "disarm_ms": params["disarm_ms"] if last else None,
             "idle_application_name": params["idle_application_name"] if last else None,
         }

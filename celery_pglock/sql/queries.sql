@@ -82,10 +82,14 @@ SELECT set_config('lock_timeout', armed.previous, true) AS lock_timeout FROM arm
 
 -- name: release
 -- One round trip: record the outcome (only if this attempt still owns the row) and
--- free the lock (unlock_all: the connection is this execution's alone, and a lock the body
--- took on it, even ours again, must not go back to the pool); disarm the lease so the
--- pooled connection may idle (%(disarm_ms)s: the configured value; NULL in transaction
--- scope, whose lease ends with the transaction, and before PostgreSQL 14). The unlock is
+-- free the lock. %(held_key)s NULL: unlock_all (the connection is this execution's alone,
+-- and a lock the body took on it, even ours again, must not go back to the pool). Else
+-- the session is shared by the process's runs (shared.py): free this run's key and, under
+-- pglock_concurrency, the slot's own lock it took first (%(slot_lock)s), each once; the
+-- session's other locks are other runs'. Disarm the lease so the session may idle
+-- (%(disarm_ms)s: the configured value; NULL leaves it: in transaction scope, whose lease
+-- ends with the transaction, before PostgreSQL 14, and on a shared session other runs
+-- still use) and relabel it (%(idle_application_name)s; NULL leaves it). The unlock is
 -- computed from the aggregate over `done`, so it runs after the UPDATE has locked the
 -- row: a claimer that gets the lock before our commit waits on that row, then sees
 -- `succeeded`.
@@ -97,9 +101,14 @@ WITH done AS (
     RETURNING 1
 )
 SELECT outcome.recorded,
-       pg_advisory_unlock_all() AS released,
+       CASE WHEN %(held_key)s::bigint IS NULL THEN pg_advisory_unlock_all()::text
+            ELSE pg_advisory_unlock(%(held_key)s::bigint)::text END AS released,
+       CASE WHEN %(held_key)s::bigint IS NOT NULL AND %(slot_lock)s::integer[] IS NOT NULL
+            THEN pg_advisory_unlock((%(slot_lock)s::integer[])[1], (%(slot_lock)s::integer[])[2])
+       END AS slot_released,
        {set_lease}(%(disarm_ms)s, false) AS lease,
-       {label_session}(%(idle_application_name)s) AS application_name
+       CASE WHEN %(idle_application_name)s::text IS NOT NULL
+            THEN {label_session}(%(idle_application_name)s) END AS application_name
   FROM (SELECT count(*) AS recorded FROM done) AS outcome;
 
 -- name: release_unwaited
@@ -108,29 +117,6 @@ SELECT outcome.recorded,
 -- session's configured idle_session_timeout (NULL before PostgreSQL 14: no lease to
 -- disarm), $2 the pooled application_name.
 SELECT pg_advisory_unlock_all(), {set_lease}($1, false), {label_session}($2);
-
--- name: release_shared
--- `release` for a lock on a session the process's runs share (shared.py): record the
--- outcome, then free this run's key (%(held_key)s) and, under pglock_concurrency, the
--- slot's own lock it took first (%(slot_lock)s), each once: the session's other locks
--- are other runs'. The lease is disarmed (%(disarm_ms)s) and the session relabelled
--- (%(idle_application_name)s) only by the last run on it (NULL: left as they are).
-WITH done AS (
-    UPDATE {runs}
-       SET state = %(state)s, reason = %(reason)s, finished_at = now(), updated_at = now()
-     WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND token = %(token)s
-       AND state = 'running'
-    RETURNING 1
-)
-SELECT outcome.recorded,
-       pg_advisory_unlock(%(held_key)s) AS released,
-       CASE WHEN %(slot_lock)s::integer[] IS NOT NULL
-            THEN pg_advisory_unlock((%(slot_lock)s::integer[])[1], (%(slot_lock)s::integer[])[2])
-       END AS slot_released,
-       {set_lease}(%(disarm_ms)s, false) AS lease,
-       CASE WHEN %(idle_application_name)s::text IS NOT NULL
-            THEN {label_session}(%(idle_application_name)s) END AS application_name
-  FROM (SELECT count(*) AS recorded FROM done) AS outcome;
 
 -- name: unlock_shared
 -- Free %(keys)s and the slot's own lock on a shared session, which no run of the process
