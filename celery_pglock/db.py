@@ -53,6 +53,9 @@ _pools_lock = threading.Lock()
 # process: its concurrency, plus one. Set at worker start-up, forgotten in a forked child.
 _worker_pool_size: int | None = None
 _serving = False  # see serve_tasks
+# DSNs found to go through a transaction pooler: inherited by forked children, whose own
+# check (each child opens its pool) may miss it while its siblings start at once.
+_pooled_dsns: set[str] = set()
 
 
 def check_server(settings: Settings) -> bool:
@@ -64,7 +67,18 @@ def check_server(settings: Settings) -> bool:
     with connect(settings) as conn, boundary(settings):
         check_writable(conn, settings)
         ensure_schema(conn, settings.tables, auto_migrate=settings.auto_migrate)
-        return transaction_pooled(conn, settings)
+        return _pooler_checked(conn, settings)
+
+
+def _pooler_checked(conn: Connection, settings: Settings) -> bool:
+    """Whether ``settings.dsn`` goes through a transaction pooler: known already in this
+    process (or its parent), else checked on ``conn`` (and remembered)."""
+    if settings.dsn in _pooled_dsns:
+        return True
+    pooled = transaction_pooled(conn, settings)
+    if pooled:
+        _pooled_dsns.add(settings.dsn)
+    return pooled
 
 
 def pool_size(settings: Settings) -> int:
@@ -166,7 +180,7 @@ class Database:
             self._learn_server(conn)
             self.ensure_schema(conn)
             self._check_timeline(conn)
-            self.transaction_pooled = transaction_pooled(conn, self.settings)
+            self.transaction_pooled = _pooler_checked(conn, self.settings)
         if not self.lease_supported:
             logger.warning(
                 "PostgreSQL %d has no idle_session_timeout (needs 14): session-scope locks "

@@ -29,6 +29,8 @@ LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL
 CLIENT_CHECK_MS = 1000  # how often a waiting backend looks whether its client is alive
 HOSTNAME = socket.gethostname()
 
+POOLER_PROBES = 3  # rounds of the transaction-pooler check (``transaction_pooled``)
+
 FIX_SCOPE = 'set pglock_scope = "transaction" (per task or app-wide), or'
 FIX_BEAT = "set pglock_beat_leader = False (every replica ticks, claims dedupe), or"
 
@@ -86,12 +88,18 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
     reports the backend ``conn`` just used (two open clients sharing a server session), or
     ``conn`` itself moved to another backend. Directly or through a session pooler neither
     can happen. A pooler reusing server connections last-in first-out (PgBouncer's default)
-    hands the second connection that very backend. Costs one connection and 3 round trips.
+    hands the second connection that very backend, unless another client of the pooler
+    took it in between (processes starting at once: a prefork worker's children): so a
+    round that proves nothing is tried again, ``POOLER_PROBES`` rounds in all. Costs one
+    connection and 3 round trips a round (a direct connection takes all the rounds).
     """
-    first = _backend_pid(conn)
-    with connect(settings) as other, other.transaction():
-        shared = _backend_pid(other) == first
-    return shared or _backend_pid(conn) != first
+    with connect(settings) as other:
+        for _ in range(POOLER_PROBES):
+            first = _backend_pid(conn)
+            with other.transaction():
+                if _backend_pid(other) == first or _backend_pid(conn) != first:
+                    return True
+    return False
 
 
 def in_transaction(conn: Connection) -> bool:

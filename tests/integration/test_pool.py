@@ -9,9 +9,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from celery_pglock import db as db_module
 from celery_pglock.config import Settings
 from celery_pglock.db import Database
-from celery_pglock.errors import DatabaseUnavailable
+from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
@@ -171,3 +172,17 @@ def test_forked_child_gets_its_own_pool_and_leaves_parents_lock(
     assert (0, True) == (same_pool, parent_backend != child_backend)
     assert session_alive(pg_conn, parent_backend)
     assert [parent_backend] == lock_holders(pg_conn, job)
+
+
+def test_a_process_keeps_what_its_parent_found_of_a_transaction_pooler(
+    pg_dsn: str, pglock_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's start-up check found a transaction pooler at this DSN (``check_server``):
+    a pool opened afterwards in the process, or in a child it forks, refuses session-scope
+    locks without checking again (a child's own check may miss it while its siblings
+    start at once)."""
+    monkeypatch.setattr(db_module, "_pooled_dsns", {pg_dsn})  # as check_server leaves it
+    with open_database(Settings(dsn=pg_dsn, schema=pglock_schema)) as db:
+        assert db.transaction_pooled
+        with pytest.raises(ConfigurationError, match='pglock_scope = "transaction"'):
+            acquire(db, claim(f"{pglock_schema}:pooled"), "session", None)
