@@ -29,7 +29,7 @@ LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL
 CLIENT_CHECK_MS = 1000  # how often a waiting backend looks whether its client is alive
 HOSTNAME = socket.gethostname()
 
-POOLER_PROBES = 3  # rounds of the transaction-pooler check (``transaction_pooled``)
+POOLER_PROBES = 5  # rounds of the transaction-pooler check (``transaction_pooled``)
 
 FIX_SCOPE = 'set pglock_scope = "transaction" (per task or app-wide), or'
 FIX_BEAT = "set pglock_beat_leader = False (every replica ticks, claims dedupe), or"
@@ -89,9 +89,11 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
     ``conn`` itself moved to another backend. Directly or through a session pooler neither
     can happen. A pooler reusing server connections last-in first-out (PgBouncer's default)
     hands the second connection that very backend, unless another client of the pooler
-    took it in between (processes starting at once: a prefork worker's children): so a
-    round that proves nothing is tried again, ``POOLER_PROBES`` rounds in all. Costs one
-    connection and 3 round trips a round (a direct connection takes all the rounds).
+    took it in between (processes starting at once: a prefork worker's children). Then
+    that client holds it, or held it only for a moment: ``conn`` is asked again while the
+    second connection's transaction holds its own backend, and a round that proves
+    nothing is tried again, ``POOLER_PROBES`` rounds in all. Costs one connection and 3
+    round trips a round (a direct connection takes all the rounds).
     """
     with connect(settings) as other:
         for _ in range(POOLER_PROBES):
