@@ -53,8 +53,9 @@ _pools_lock = threading.Lock()
 # process: its concurrency, plus one. Set at worker start-up, forgotten in a forked child.
 _worker_pool_size: int | None = None
 _serving = False  # see serve_tasks
-# DSNs found to go through a transaction pooler: inherited by forked children, whose own
-# check (each child opens its pool) may miss it while its siblings start at once.
+# DSNs found to go through a transaction pooler, kept for the process and the children it
+# forks afterwards (a prefork pool's replacement children; its first ones fork before the
+# worker's start-up check), whose own check may miss it while their siblings start at once.
 _pooled_dsns: set[str] = set()
 
 
