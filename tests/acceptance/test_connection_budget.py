@@ -328,7 +328,10 @@ def test_two_runs_of_one_lock_name_in_one_process_never_overlap(
     start_worker(procs, env, pool, 20, f"one-{pool}")
     results = []
     for _ in range(10):
-        wave = [poolapp.hold.apply_async(("same",), {"seconds": 0.05}) for _ in range(10)]
+        # A lock name of this test's own: advisory locks are server-wide, and the test's
+        # other parameter may run at the same time.
+        name = f"{pglock_schema}:same"
+        wave = [poolapp.hold.apply_async((name,), {"seconds": 0.05}) for _ in range(10)]
         wait_until(
             lambda wave=wave: all(r.state in {"SUCCESS", "SKIPPED"} for r in wave),
             timeout=DEADLINE,
