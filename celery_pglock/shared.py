@@ -137,7 +137,8 @@ class Sessions:
         if conn is not None:
             close_quietly(conn)  # its session ends: the server frees whatever it held
             self.db.putconn(conn, clean=False)  # closed: the pool forgets it
-        for lease in list(session.leases.values()):
+        lost, session.leases = list(session.leases.values()), {}
+        for lease in lost:  # their keys stay taken here until each run's release
             lease.mark_lost(cause)
 
     def drop_if_unusable(self, session: Session, conn: Connection, exc: BaseException) -> None:

@@ -299,3 +299,23 @@ def test_a_shared_session_on_a_server_that_takes_no_writes_is_ended(
     assert again.session is not shared
     assert release(db, again, SUCCEEDED).recorded
     assert release(db, holder, SUCCEEDED).lost
+
+
+def test_a_new_session_goes_back_to_the_pool_while_a_lost_run_still_runs(
+    db: Database, pg_conn: Conn, job: str
+) -> None:
+    """The session ended under a run that has not released yet; a later run's session,
+    once that run is released, goes back to the pool disarmed: the lost run is not
+    counted as one of its holders."""
+    first = granted(acquire(db, claim(f"{job}-1", "s"), "session", 30.0))
+    backend = first.session.info.backend_pid
+    pg_conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    wait_until(lambda: not alive(pg_conn, {backend}), timeout=10, message="the session ended")
+
+    second = granted(acquire(db, claim(f"{job}-2", "s"), "session", 30.0))
+    assert first.known_lost
+    assert release(db, second, SUCCEEDED).recorded
+    assert (1, 1) == (db.pool.size, db.pool.idle)
+    with db.connection() as pooled:
+        assert ("0",) == pooled.execute("SHOW idle_session_timeout").fetchone()
+    assert release(db, first, SUCCEEDED).lost
