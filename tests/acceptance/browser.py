@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 HTTP_TIMEOUT = 10.0
@@ -59,7 +59,25 @@ def click_through(driver: Any, element: Any) -> None:
     replaced this one: a look right after a click may otherwise still see the old page."""
     page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, HTTP_TIMEOUT).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, HTTP_TIMEOUT).until(lambda _: replaced(page))
+
+
+def replaced(page: Any) -> bool:
+    """Whether ``page`` (an element of the old page) is gone from the browser's document.
+
+    Selenium's ``staleness_of`` knows one answer for it, a stale element; chromedriver
+    156, asked in the middle of the navigation, answers an "unknown error": the node
+    "does not belong to the document" (it failed a dashboard test once). Both say gone.
+    """
+    try:
+        page.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 def screenshot(driver: Any, name: str, tmp_path: Path) -> None:
