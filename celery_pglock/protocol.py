@@ -61,6 +61,12 @@ class Claim:
     def concurrency(self) -> int:
         return len(self.keys) or 1
 
+    @property
+    def slot_lock(self) -> tuple[int, int] | None:
+        """The slot's own lock, taken first under ``pglock_concurrency`` (``try_lock_any``):
+        two messages of one slot never run at once under two of the lock name's keys."""
+        return slot_lock(self.lock_name, self.slot) if self.keys and self.slot else None
+
     def params(self) -> dict[str, Any]:
         classid, objid = split_key(self.key)
         timed = is_time_slot(self.slot)
@@ -69,9 +75,7 @@ class Claim:
             "keys": list(self.keys or (self.key,)),
             "concurrency": 0 if self.per_slot else self.concurrency,
             "buffer": self.buffer,
-            "slot_lock": list(slot_lock(self.lock_name, self.slot))
-            if self.keys and self.slot
-            else None,
+            "slot_lock": list(self.slot_lock) if self.slot_lock else None,
             "entry": self.entry,
             "newer_than": self.slot if self.coalesce and timed else None,
             "slot_pattern": SLOT_PATTERN,

@@ -40,7 +40,6 @@ from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseError, PgLockError, ReadOnlyServer, SessionGone
 from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import watch
-from celery_pglock.keys import slot_lock
 from celery_pglock.ledger import holder_application_name, record_skip
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.sessions import HOSTNAME, Connection, close_quietly
@@ -156,7 +155,7 @@ class Sessions:
         conn = session.conn
         if conn is None:
             return  # ended: nothing of it is held any more
-        params = {"keys": sorted(set(keys)), "slot_lock": _array(slot)}
+        params = {"keys": sorted(set(keys)), "slot_lock": list(slot) if slot else None}
         try:
             with boundary(self.db.settings, conn):
                 conn.execute(self.db.tables.query("unlock_shared"), params)
@@ -198,11 +197,13 @@ class Sessions:
 
 
 def sessions_of(db: Database) -> Sessions:
-    """``db``'s shared sessions (created on first use)."""
-    with db.shared_lock:
-        if db.shared_sessions is None:
-            db.shared_sessions = Sessions(db)
-        found = db.shared_sessions
+    """``db``'s shared sessions (created on first use; the lock is taken only then)."""
+    found = db.shared_sessions
+    if found is None:
+        with db.shared_lock:
+            if db.shared_sessions is None:
+                db.shared_sessions = Sessions(db)
+            found = db.shared_sessions
     assert isinstance(found, Sessions)
     return found
 
@@ -212,17 +213,12 @@ def label() -> str:
     return holder_application_name(None, os.getpid(), HOSTNAME)
 
 
-def slot_lock_of(claim: Claim) -> SlotLock:
-    """The slot's own lock a claim under ``pglock_concurrency`` takes first, if any."""
-    return slot_lock(claim.lock_name, claim.slot) if claim.keys and claim.slot else None
-
-
 def acquire(
     db: Database, claim: Claim, query: bytes, params: dict[str, Any], lease_seconds: float | None
 ) -> Lease | Skip:
     """``locks.acquire`` on a shared session: ``query`` and its ``params`` as it made them."""
     sessions = sessions_of(db)
-    slot = slot_lock_of(claim)
+    slot = claim.slot_lock
     with sessions.turn:
         session = sessions.session(params["lease_ms"])
         holder = sessions.holder(claim, slot)
@@ -308,7 +304,7 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
     lent, lease.lent = lease.lent, None
     if lent is not None:  # the body's own: reset (its transaction, its own locks) and back
         db.putconn(lent, clean=False)
-    slot = slot_lock_of(lease.claim)
+    slot = lease.claim.slot_lock
     with sessions.turn:
         last = len(session.leases) == 1
         params = {
@@ -334,7 +330,3 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
         sessions.give_back(session, disarmed=True)
     assert row is not None
     return tuple(row)
-
-
-def _array(slot: SlotLock) -> list[int] | None:
-    return list(slot) if slot is not None else None
