@@ -110,6 +110,14 @@ def test_a_run_finishing_before_the_promotion_records_its_outcome_on_the_new_pri
         lambda: [r["state"] for r in w.ledger() if r["lock_name"] == job.lock] == ["running"],
         message="the job to run",
     )
+    # The body records its execution after the claim: stopping the primary before that
+    # write would fail the body itself, not the outcome's wait this test is about.
+    w.wait_for(
+        lambda: (
+            [bool(e["finished"]) for e in w.executions() if e["lock_name"] == job.lock] == [True]
+        ),
+        message="the job to record its execution",
+    )
     cluster.replica.wait_replayed()
     cluster.primary.stop("immediate")
 
