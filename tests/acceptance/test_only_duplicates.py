@@ -186,7 +186,16 @@ def test_a_redelivery_after_a_killed_worker_runs_and_a_later_copy_is_skipped(
         message="the redelivered message finished",
     )
     assert [task_id] == [row["task_id"] for row in done]
-    [run] = ledger(project.env["PGLOCK_DSN"], project.env["TEST_SCHEMA"])
+    # The body writes its marker before it returns; the outcome is recorded after that.
+    [run] = wait_until(
+        lambda: [
+            row
+            for row in ledger(project.env["PGLOCK_DSN"], project.env["TEST_SCHEMA"])
+            if row["state"] != "running"
+        ],
+        timeout=DEADLINE,
+        message="the redelivered run's outcome recorded",
+    )
     assert (task_id, "succeeded", 2) == (run["slot"], run["state"], run["attempts"])
 
     project.call(SEND_LONG_AGAIN.format(task_id=task_id))
