@@ -37,7 +37,7 @@ listen_port = {port}
 unix_socket_dir =
 auth_type = trust
 auth_file = {auth_file}
-max_client_conn = 500
+max_client_conn = {max_client_conn}
 default_pool_size = 20
 ignore_startup_parameters = extra_float_digits,options
 server_reset_query = DISCARD ALL
@@ -55,13 +55,14 @@ class PgBouncerUnavailable(RuntimeError):
 class PgBouncer:
     """``pgbouncer`` in front of the server of ``dsn``; ``dsn_for("tx"|"session")``."""
 
-    def __init__(self, dsn: str, log_path: Path) -> None:
+    def __init__(self, dsn: str, log_path: Path, *, max_client_conn: int = 500) -> None:
         binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         if not Path(binary).exists():
             raise PgBouncerUnavailable(
                 "pgbouncer is not installed (Debian: apt-get install -y pgbouncer)"
             )
         self.upstream = conninfo_to_dict(dsn)
+        self.max_client_conn = max_client_conn
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="pglock-pgbouncer-"))
         user = str(self.upstream.get("user") or "postgres")
@@ -110,7 +111,12 @@ class PgBouncer:
             dbname=str(self.upstream.get("dbname") or user),
             user=user,
         )
-        text = INI.format(target=target, port=self.port, auth_file=self.dir / "users.txt")
+        text = INI.format(
+            target=target,
+            port=self.port,
+            auth_file=self.dir / "users.txt",
+            max_client_conn=self.max_client_conn,
+        )
         (self.dir / "pgbouncer.ini").write_text(text)
 
     def dsn_for(self, database: str) -> str:
