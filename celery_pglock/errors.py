@@ -43,8 +43,9 @@ class DatabaseUnavailable(DatabaseError):
 
 class ServerFull(DatabaseUnavailable):
     """PostgreSQL has no connection slot left for us (``too many clients``, the slots
-    reserved for superusers, a role's connection limit, or the headroom the library leaves
-    to other clients): a process holding connections waits for one of its own instead."""
+    reserved for superusers, a role's connection limit, a pooler's ``max_client_conn``, or
+    the headroom the library leaves to other clients): a process holding connections
+    waits for one of its own instead."""
 
 
 class SessionGone(DatabaseUnavailable):

@@ -70,9 +70,11 @@ FIX_BY_MESSAGE = tuple(
         ("server does not support SSL", "drop sslmode=require from pglock_dsn"),
     )
 )
-# The server's refusals for want of a connection slot (SQLSTATE 53300 when it has one).
+# The server's refusals for want of a connection slot (SQLSTATE 53300 when it has one), and
+# PgBouncer's beyond its max_client_conn (or max_user_client_connections): no SQLSTATE.
 FULL = re.compile(
     r"too many clients|too many connections for role|remaining connection slots are reserved"
+    r"|no more connections allowed"
 )
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.InternalError, OSError)
 WAIT_ENDED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)

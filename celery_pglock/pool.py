@@ -5,10 +5,11 @@ freed, and when idle ones are given back to the server.
   none idle and the cap reached waits; each connection given back goes to the longest
   waiter, in order. A waiter gives up only after ``timeout`` seconds in which no
   connection of this process was given back: while runs end, nobody burns a retry.
-- The server full (``too many clients``, a role's connection limit, or fewer free slots
-  left than the headroom checked by ``connect``) is a wait, not a failure, while this
-  process holds connections that will come back; the process then opens no other one for
-  a moment (``FULL_PAUSE``). With none to come back it tries again until ``timeout``.
+- The server full (``too many clients``, a role's connection limit, a pooler's
+  ``max_client_conn``, or fewer free slots left than the headroom checked by ``connect``)
+  is a wait, not a failure, while this process holds connections that will come back;
+  the process then opens no other one for a moment (``FULL_PAUSE``). With none to come
+  back it tries again until ``timeout``.
 - Idle connections are handed out last in, first out (the one used last has warm caches
   on both sides), and closed after ``idle_timeout`` seconds unused by one thread per pool,
   which ends when nothing is idle. An idle connection holds no lock: its run's release or

@@ -69,6 +69,7 @@ def test_settings_defaults_and_validation() -> None:
         'FATAL:  too many connections for role "app"',
         "FATAL:  remaining connection slots are reserved for non-replication superuser connections",
         "FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute",
+        "FATAL:  no more connections allowed (max_client_conn)",  # PgBouncer's, no SQLSTATE
     ],
 )
 def test_a_full_server_is_told_apart(message: str) -> None:

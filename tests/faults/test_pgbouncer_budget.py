@@ -1,0 +1,101 @@
+"""Behind PgBouncer, the pooler's limits are waited out as the server's.
+
+- PgBouncer refusing clients beyond its ``max_client_conn``: the process waits for one of
+  its own connections, as for the server's ``too many clients``; no run fails. In-process
+  threads on a pool, and a real ``-P threads`` worker whose transaction-scope tasks go
+  through the transaction pooler: every task succeeds once, none is retried.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from celery_pglock.config import Settings
+from celery_pglock.ledger import SUCCEEDED
+from celery_pglock.locks import acquire, release
+from tests.acceptance.test_connection_budget import ledger, retried, start_worker
+from tests.apps import poolapp
+from tests.apps.harness import configure_client, redis_app_env
+from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.fixtures.procs import Procs
+from tests.fixtures.services import unavailable
+from tests.integration.locking import claim, granted, open_database
+from tests.integration.test_pool_handover import run_threads
+
+pytestmark = pytest.mark.faults
+
+DEADLINE = 120.0  # seconds; generous, the machine runs other suites meanwhile
+
+
+@contextmanager
+def pgbouncer(dsn: str, log_dir: Path, **options: int) -> Iterator[PgBouncer]:
+    try:
+        bouncer = PgBouncer(dsn, log_dir / "pgbouncer.log", **options)
+    except PgBouncerUnavailable as exc:
+        unavailable("pgbouncer", str(exc))
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+def test_pgbouncer_max_client_conn_is_waited_out_on_the_process_own_connections(
+    pg_dsn: str, pglock_schema: str, tmp_path: Path
+) -> None:
+    """PgBouncer takes 3 clients; 8 threads each hold a lock 0.3 s on a pool of 8 through
+    it: all run, on at most 3 connections, none fails (no retry would be burned)."""
+    with pgbouncer(pg_dsn, tmp_path, max_client_conn=3) as bouncer:
+        settings = Settings(
+            dsn=bouncer.dsn_for("session"), schema=pglock_schema, pool_size=8, connect_timeout=2.0
+        )
+        with open_database(settings) as db:
+            backends: set[int] = set()
+
+            def hold(number: int) -> None:
+                lease = granted(
+                    acquire(db, claim(f"{pglock_schema}:job-{number}"), "session", None)
+                )
+                backends.add(lease.connection.info.backend_pid)
+                time.sleep(0.3)
+                release(db, lease, SUCCEEDED)
+
+            errors = run_threads(8, hold)
+
+    assert [] == errors
+    assert 1 <= len(backends) <= 3
+
+
+def test_a_threads_worker_behind_a_full_pgbouncer_retries_nothing(
+    pg_dsn: str, pglock_schema: str, redis_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """``-P threads -c 20``, every task in transaction scope (the documented answer
+    behind a transaction pooler: one connection per running transaction), PgBouncer
+    taking 6 clients: 40 tasks at once all succeed once, on the worker's own connections
+    in turns; none is retried."""
+    with pgbouncer(pg_dsn, tmp_path, max_client_conn=6) as bouncer:
+        conf = {"pglock_scope": "transaction"}
+        env = redis_app_env(
+            pg_dsn=pg_dsn,
+            schema=pglock_schema,
+            redis_url=redis_url,
+            TEST_PGLOCK_CONF=json.dumps(conf),
+        )
+        configure_client(env)
+        worker_env = {**env, "PGLOCK_DSN": bouncer.dsn_for("tx")}
+        worker = start_worker(procs, worker_env, "threads", 20, "bounced")
+
+        results = [
+            poolapp.burst.apply_async((f"{pglock_schema}:b{i:02d}",), {"seconds": 0.3})
+            for i in range(40)
+        ]
+        tokens = [result.get(timeout=DEADLINE) for result in results]
+
+    assert all(isinstance(token, int) for token in tokens)
+    assert [("succeeded", 1)] * 40 == [(state, n) for _, state, n in ledger(pg_dsn, pglock_schema)]
+    assert [] == retried(worker)
