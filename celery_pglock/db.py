@@ -34,6 +34,7 @@ from celery_pglock.sessions import (
     connect,
     in_transaction,
     pooler_message,
+    server_sees_own_socket,
     show_setting,
     transaction_pooled,
     watch_client,
@@ -209,14 +210,22 @@ class Database:
     def _open_connection(self) -> Connection:
         """A new connection for the pool: refused (``ServerFull``) when fewer than
         ``pglock_spare_connections`` server slots remain (the pool then waits for one of
-        this process's own connections, or, holding none, tries again a while)."""
+        this process's own connections, or, holding none, tries again a while).
+
+        Through a pooler (or a proxy) the server's slots are not counted: the connection
+        may be one the pooler already had, and the pooler's own limits decide; its refusal
+        beyond ``max_client_conn`` is a ``ServerFull`` like the server's."""
         conn = self._connect_once()
         try:
             spare = self.settings.spare_connections
             if spare:
                 with boundary(self.settings):
                     row = conn.execute(statement("free_connection_slots")).fetchone()
-                free = int(row[0]) if row and row[0] is not None else 0
+                assert row is not None
+                free, client_port = row
+                if not server_sees_own_socket(conn, client_port):
+                    self.pool.note_headroom(None)
+                    return conn
                 self.pool.note_headroom(free - spare)
                 if free < spare:
                     raise ServerFull(

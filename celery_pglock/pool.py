@@ -97,12 +97,13 @@ class Pool:
     def waiters(self) -> int:
         return len(self._waiters)
 
-    def note_headroom(self, slots: int) -> None:
+    def note_headroom(self, slots: int | None) -> None:
         """The server's free slots beyond those left to others, seen by a new connection:
         how many connections this process may open at once (half of them, at most
-        ``MAX_OPENING``); one at a time near the limit."""
+        ``MAX_OPENING``); one at a time near the limit. None: not the server's slots to
+        count (a pooler in between), ``MAX_OPENING`` at once."""
         with self._lock:
-            self._headroom = slots
+            self._headroom = 2 * MAX_OPENING if slots is None else slots
 
     def resize(self, max_size: int) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """One connection to PostgreSQL, as the library opens it: its options, its name in
-``pg_stat_activity``, what it checks of the server (writable, reached through a
-transaction pooler), and its watch on a client that died while it waited.
+``pg_stat_activity``, what it checks of the server (writable, reached directly or through
+a pooler), and its watch on a client that died while it waited.
 
 Pools of such connections, per process, are ``db``'s; what a driver error means is
 ``failures``'.
@@ -102,6 +102,15 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
                 if _backend_pid(other) == first or _backend_pid(conn) != first:
                     return True
     return False
+
+
+def server_sees_own_socket(conn: Connection, client_port: int | None) -> bool:
+    """Whether the server's client is ``conn``'s own socket: ``client_port`` (what the
+    server sees, None over a Unix socket) is the port of ``conn``'s end. A pooler or a
+    proxy in between (PgBouncer, HAProxy) connects with sockets of its own."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as own:
+        name = own.getsockname()
+    return client_port == (name[1] if isinstance(name, tuple) else None)
 
 
 def in_transaction(conn: Connection) -> bool:

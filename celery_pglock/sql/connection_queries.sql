@@ -32,7 +32,10 @@ RESET application_name;
 -- Connection slots of the server a client without a reserved role can still take: those
 -- left once the reserved ones (superusers', PostgreSQL 16's reserved_connections) are set
 -- aside. pg_stat_activity lists every backend to any role; only client backends count.
+-- Then the client port the server sees (NULL over a Unix socket): another one than the
+-- library's own socket means a pooler or proxy stands between them.
 SELECT current_setting('max_connections')::int
      - current_setting('superuser_reserved_connections')::int
      - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
-     - (SELECT count(*)::int FROM pg_stat_activity WHERE backend_type = 'client backend');
+     - (SELECT count(*)::int FROM pg_stat_activity WHERE backend_type = 'client backend'),
+       inet_client_port();

@@ -1,5 +1,9 @@
-"""Behind PgBouncer, the pooler's limits are waited out as the server's.
+"""Behind PgBouncer, the pooler's limits are the ones that count.
 
+- The server has fewer free slots than ``pglock_spare_connections`` while PgBouncer keeps
+  idle server connections: a lock taken through PgBouncer is granted (its connection may
+  be one PgBouncer already had; the pooler decides the server's connections), while a
+  process connecting straight to that server still leaves the last slots to others.
 - PgBouncer refusing clients beyond its ``max_client_conn``: the process waits for one of
   its own connections, as for the server's ``too many clients``; no run fails. In-process
   threads on a pool, and a real ``-P threads`` worker whose transaction-scope tasks go
@@ -11,25 +15,30 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from celery_pglock.config import Settings
+from celery_pglock.errors import ServerFull
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from tests.acceptance.test_connection_budget import ledger, retried, start_worker
 from tests.apps import poolapp
 from tests.apps.harness import configure_client, redis_app_env
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.fixtures.pg import fresh_schema, started_embedded
 from tests.fixtures.procs import Procs
 from tests.fixtures.services import unavailable
 from tests.integration.locking import claim, granted, open_database
+from tests.integration.test_pool_budget import free_slots
 from tests.integration.test_pool_handover import run_threads
 
 pytestmark = pytest.mark.faults
 
+POOLED = 3  # server connections each PgBouncer pool holds, idle, before the test
 DEADLINE = 120.0  # seconds; generous, the machine runs other suites meanwhile
 
 
@@ -43,6 +52,63 @@ def pgbouncer(dsn: str, log_dir: Path, **options: int) -> Iterator[PgBouncer]:
         yield bouncer
     finally:
         bouncer.stop()
+
+
+def fill_pool(dsn: str, count: int) -> None:
+    """Make PgBouncer open ``count`` server connections for ``dsn``'s pool; idle after."""
+    with ExitStack() as clients:
+        conns = [clients.enter_context(psycopg.connect(dsn)) for _ in range(count)]
+        for conn in conns:  # each in a transaction at once: each on a server connection
+            conn.execute("SELECT 1")
+        for conn in conns:
+            conn.commit()
+
+
+def test_through_pgbouncer_the_last_server_slots_are_the_poolers_to_count(
+    tmp_path: Path,
+) -> None:
+    """Server slots left: 2, fewer than the 5 spared. Through PgBouncer (a session lock on
+    session pooling, a transaction-scope lock on transaction pooling) the lock is granted
+    on a server connection PgBouncer already had; straight to the server, ServerFull."""
+    with started_embedded() as server:
+        server.set_config(max_connections=20)  # 20 - 3 reserved for superusers: 17 for all
+        server.restart()
+        with (
+            fresh_schema(server.dsn) as schema,
+            pgbouncer(server.dsn, tmp_path) as bouncer,
+            ExitStack() as others,
+        ):
+            direct = Settings(dsn=server.dsn, schema=schema, connect_timeout=1.0)
+            with open_database(direct):  # creates the tables
+                pass
+            for database in ("session", "tx"):
+                fill_pool(bouncer.dsn_for(database), POOLED)
+            while free_slots(server.dsn) > 2:
+                others.enter_context(psycopg.connect(server.dsn, autocommit=True))
+            before = server_backends(server.dsn)
+
+            for database, scope in (("session", "session"), ("tx", "transaction")):
+                settings = Settings(
+                    dsn=bouncer.dsn_for(database), schema=schema, connect_timeout=1.0
+                )
+                with open_database(settings) as db:
+                    lease = granted(acquire(db, claim(f"{schema}:{database}", "s"), scope, None))
+                    assert release(db, lease, SUCCEEDED).recorded
+            with open_database(direct) as db, pytest.raises(ServerFull, match="spare"):
+                db.getconn()
+
+            assert before == server_backends(server.dsn), "PgBouncer opened no new one"
+
+
+def server_backends(dsn: str) -> int:
+    """Client backends on the server, this look-up's own left out."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_pgbouncer_max_client_conn_is_waited_out_on_the_process_own_connections(
