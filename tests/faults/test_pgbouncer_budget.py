@@ -97,7 +97,8 @@ def test_through_pgbouncer_the_last_server_slots_are_the_poolers_to_count(
             with open_database(direct) as db, pytest.raises(ServerFull, match="spare"):
                 db.getconn()
 
-            assert before == server_backends(server.dsn), "PgBouncer opened no new one"
+            # A look-up's closed session may still be leaving: at most as many, not equal.
+            assert server_backends(server.dsn) <= before, "PgBouncer opened no new one"
 
 
 def server_backends(dsn: str) -> int:
