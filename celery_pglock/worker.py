@@ -117,7 +117,8 @@ class StartupCheck(bootsteps.StartStopStep):
             "celery-pglock: %s opens at most %d PostgreSQL connections for locks "
             "(pool %s, concurrency %d%s; pglock_pool_size %s), closes each after %s idle "
             "(pglock_idle_timeout) and leaves the server's last %d free slots to other "
-            "clients (pglock_spare_connections)",
+            "clients when connected to it directly (pglock_spare_connections; through a "
+            "pooler, the pooler's limits count)",
             who,
             size,
             pool,
