@@ -67,10 +67,9 @@ from celery_pglock.schema import Tables
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
 from tests.chaos import chaosapp
-from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.faults import pgbouncer
 from tests.faults.workload import READY_TIMEOUT, Sent, Workload
 from tests.fixtures.procs import Proc, Procs, wait_until
-from tests.fixtures.services import unavailable
 
 pytestmark = pytest.mark.chaos
 
@@ -246,11 +245,7 @@ def test_transaction_scope_run_behind_pgbouncer_failing_after_a_restart_is_recor
 ) -> None:
     """Behind PgBouncer, a transaction-scope run that fails after its server restarted
     leaves its slot `failed`."""
-    try:
-        bouncer = PgBouncer(private_pg.dsn, procs.log_dir / "pgbouncer.log")
-    except PgBouncerUnavailable as exc:
-        unavailable("pgbouncer", str(exc))
-    try:
+    with pgbouncer.started(private_pg.dsn, procs.log_dir / "pgbouncer.log") as bouncer:
         w = Workload(
             name="txbouncer",
             admin_dsn=private_pg.dsn,
@@ -271,8 +266,6 @@ def test_transaction_scope_run_behind_pgbouncer_failing_after_a_restart_is_recor
         gate.touch()
         w.settle([sent])
         rows = [(r["slot"], r["state"]) for r in w.ledger() if r["lock_name"] == sent.lock]
-    finally:
-        bouncer.stop()
     assert "FAILURE" == sent.result.state
     assert [(SLOT, "failed")] == rows
 

@@ -15,6 +15,8 @@ import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -22,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_pglock.testing.embedded import DEFAULT_USER
 from tests.fixtures.procs import wait_until
+from tests.fixtures.services import unavailable
 
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 10.0
@@ -147,6 +150,20 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+
+
+@contextmanager
+def started(dsn: str, log_path: Path, *, max_client_conn: int = 500) -> Iterator[PgBouncer]:
+    """A ``PgBouncer`` for the ``with`` block, stopped after it; the test fails (or skips,
+    when pgbouncer is not required) if it cannot start."""
+    try:
+        bouncer = PgBouncer(dsn, log_path, max_client_conn=max_client_conn)
+    except PgBouncerUnavailable as exc:
+        unavailable("pgbouncer", str(exc))
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
 
 
 def _unprivileged_account() -> pwd.struct_passwd:

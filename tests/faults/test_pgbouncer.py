@@ -11,10 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.faults.pgbouncer import PgBouncer, started
 from tests.faults.workload import Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Proc, Procs
-from tests.fixtures.services import unavailable
 
 # Run alone (serial): beside other tests the worker's start-up check for a transaction
 # pooler (a second client given the first one's backend) once found none, and the start-up
@@ -38,10 +37,12 @@ def jobs(w: Workload, task: str, queue: str, label: str) -> list[Sent]:
 @pytest.fixture(scope="module")
 def run(pg_dsn: str, redis_url: str, run_procs: Procs) -> Iterator[Run]:
     """Workers behind both pool modes, beat behind session pooling, the checker."""
-    try:
-        bouncer = PgBouncer(pg_dsn, run_procs.log_dir / "pgbouncer.log")
-    except PgBouncerUnavailable as exc:
-        unavailable("pgbouncer", str(exc))
+    with started(pg_dsn, run_procs.log_dir / "pgbouncer.log") as bouncer:
+        yield from _run_behind(bouncer, pg_dsn, redis_url, run_procs)
+
+
+def _run_behind(bouncer: PgBouncer, pg_dsn: str, redis_url: str, run_procs: Procs) -> Iterator[Run]:
+    """``run`` behind ``bouncer``, which the fixture stops after it."""
     tx_dsn, session_dsn = bouncer.dsn_for("tx"), bouncer.dsn_for("session")
     w = Workload(
         name="bouncer", admin_dsn=pg_dsn, app_dsn=session_dsn, redis_url=redis_url, procs=run_procs
@@ -74,7 +75,6 @@ def run(pg_dsn: str, redis_url: str, run_procs: Procs) -> Iterator[Run]:
         result.report = w.check()
         yield result
     finally:
-        bouncer.stop()
         w.drop()
 
 

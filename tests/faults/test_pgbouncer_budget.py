@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import psycopg
@@ -28,10 +27,9 @@ from celery_pglock.locks import acquire, release
 from tests.acceptance.test_connection_budget import ledger, retried, start_worker
 from tests.apps import poolapp
 from tests.apps.harness import configure_client, redis_app_env
-from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.faults import pgbouncer
 from tests.fixtures.pg import fresh_schema, started_embedded
 from tests.fixtures.procs import Procs
-from tests.fixtures.services import unavailable
 from tests.integration.locking import claim, granted, open_database
 from tests.integration.test_pool_budget import free_slots
 from tests.integration.test_pool_handover import run_threads
@@ -40,18 +38,6 @@ pytestmark = pytest.mark.faults
 
 POOLED = 3  # server connections each PgBouncer pool holds, idle, before the test
 DEADLINE = 120.0  # seconds; generous, the machine runs other suites meanwhile
-
-
-@contextmanager
-def pgbouncer(dsn: str, log_dir: Path, **options: int) -> Iterator[PgBouncer]:
-    try:
-        bouncer = PgBouncer(dsn, log_dir / "pgbouncer.log", **options)
-    except PgBouncerUnavailable as exc:
-        unavailable("pgbouncer", str(exc))
-    try:
-        yield bouncer
-    finally:
-        bouncer.stop()
 
 
 def fill_pool(dsn: str, count: int) -> None:
@@ -75,7 +61,7 @@ def test_through_pgbouncer_the_last_server_slots_are_the_poolers_to_count(
         server.restart()
         with (
             fresh_schema(server.dsn) as schema,
-            pgbouncer(server.dsn, tmp_path) as bouncer,
+            pgbouncer.started(server.dsn, tmp_path / "pgbouncer.log") as bouncer,
             ExitStack() as others,
         ):
             direct = Settings(dsn=server.dsn, schema=schema, connect_timeout=1.0)
@@ -117,7 +103,7 @@ def test_pgbouncer_max_client_conn_is_waited_out_on_the_process_own_connections(
 ) -> None:
     """PgBouncer takes 3 clients; 8 threads each hold a lock 0.3 s on a pool of 8 through
     it: all run, on at most 3 connections, none fails (no retry would be burned)."""
-    with pgbouncer(pg_dsn, tmp_path, max_client_conn=3) as bouncer:
+    with pgbouncer.started(pg_dsn, tmp_path / "pgbouncer.log", max_client_conn=3) as bouncer:
         settings = Settings(
             dsn=bouncer.dsn_for("session"), schema=pglock_schema, pool_size=8, connect_timeout=2.0
         )
@@ -145,7 +131,7 @@ def test_a_threads_worker_behind_a_full_pgbouncer_retries_nothing(
     behind a transaction pooler: one connection per running transaction), PgBouncer
     taking 6 clients: 40 tasks at once all succeed once, on the worker's own connections
     in turns; none is retried."""
-    with pgbouncer(pg_dsn, tmp_path, max_client_conn=6) as bouncer:
+    with pgbouncer.started(pg_dsn, tmp_path / "pgbouncer.log", max_client_conn=6) as bouncer:
         conf = {"pglock_scope": "transaction"}
         env = redis_app_env(
             pg_dsn=pg_dsn,
