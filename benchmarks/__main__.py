@@ -38,6 +38,7 @@ SECTIONS = (
     "adhoc",
     "budget",
     "dashboard",
+    "handover",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -238,7 +239,7 @@ def run_sections(run: Run) -> None:
 
 
 def later_sections(run: Run) -> None:
-    """Sections 7 to 13: each starts what it needs (servers, workers) itself."""
+    """Sections 7 to 14: each starts what it needs (servers, workers) itself."""
     only = run.args.only
     if "enqueue" in only:
         run.section("7. Enqueue-time check (`pglock_check_on_enqueue`)", lambda: enqueue(run))
@@ -254,7 +255,7 @@ def later_sections(run: Run) -> None:
 
 
 def newest_sections(run: Run) -> None:
-    """Sections 10 to 13, each in a module of its own."""
+    """Sections 10 to 14, each in a module of its own."""
     if "policies" in run.args.only:
         run.section(policies_title(), lambda: policies_section(run))
     if "adhoc" in run.args.only:
@@ -265,6 +266,18 @@ def newest_sections(run: Run) -> None:
         )
     if "dashboard" in run.args.only:
         run.section(dashboard_title(), lambda: dashboard_section(run))
+    if "handover" in run.args.only:
+        run.section(HANDOVER_TITLE, lambda: handover_section(run))
+
+
+HANDOVER_TITLE = "14. Lock handover: a waiter after its holder lets go or dies"
+
+
+def handover_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.handover``: a waiter's grant after a release and after a SIGKILL."""
+    from benchmarks import handover  # noqa: PLC0415
+
+    return handover.section(handover.run(run.dsn, trials=5 if run.args.quick else 20))
 
 
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
