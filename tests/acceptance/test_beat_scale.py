@@ -30,14 +30,16 @@ from tests.acceptance.beat_support import APP, prepared_schema
 from tests.apps.harness import app_env
 from tests.fixtures.procs import Proc, Procs, wait_until
 
-# Run alone (serial): asserts a latency bound (every claimed slot on the broker within the
-# lease plus 2 s of the fault), which other tests' load would distort.
+# Run alone (serial): 2,000 entries due at once and a worker running them all. Its one bound
+# is a guarantee, not a speed: after a leader kill or stop every claimed slot is on the broker
+# within pglock_beat_lease + 2 s (docs/guarantees.md, Beat). How fast a whole tick is sent is
+# measured in benchmarks/tick.py (docs/benchmarks.md §3).
 pytestmark = [pytest.mark.acceptance, pytest.mark.serial]
 
 ENTRIES = 2000
 EVERY = 10.0  # seconds between two slots of every entry
 LEASE = 5.0  # pglock_beat_lease
-MARGIN = 2.0  # seconds on top of the lease (issue 28's bound)
+MARGIN = 2.0  # seconds on top of the lease: the documented bound, never tuned down
 CELERY = [sys.executable, "-m", "celery", "-A"]
 START_TIMEOUT = 90.0  # processes start, a leader is elected, a slot falls due
 RUN_TIMEOUT = 120.0  # the workers run 2,000 locked tasks (and the slot after)

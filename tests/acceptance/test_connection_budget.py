@@ -199,31 +199,21 @@ def running(dsn: str, schema: str) -> int:
         return int(conn.execute(query.format(sql.Identifier(schema))).fetchone()[0])
 
 
-def wall(send: Any, count: int) -> tuple[float, list[Any]]:
-    """Send ``count`` tasks with ``send(i)`` and wait for all: (seconds, their results)."""
-    started = time.monotonic()
-    results = [send(i) for i in range(count)]
-    values = [result.get(timeout=DEADLINE) for result in results]
-    return time.monotonic() - started, values
-
-
-@pytest.mark.serial  # its wall time is compared with plain Celery's: alone, not beside others
+@pytest.mark.serial  # 300 tasks at once on a private server: heavy, so alone
 def test_gevent_300_locked_tasks_at_once_on_a_server_of_100_connections(
     redis_url: str, small_pg: EmbeddedPostgres, procs: Procs
 ) -> None:
     """300 one-second locked tasks on gevent -c 300, max_connections = 100: all succeed
     once, none retried, at most 8 connections of the worker's (the locks share a
-    session), within 1.5 x plain Celery's wall time, ``pglock status`` works meanwhile."""
+    session), ``pglock status`` works meanwhile. Its wall time beside plain Celery's is a
+    benchmark figure (docs/benchmarks.md §12, ``python -m benchmarks.budget``), not asserted."""
     dsn = small_pg.dsn
     with fresh_schema(dsn) as schema:
         env = redis_app_env(pg_dsn=dsn, schema=schema, redis_url=redis_url)
         configure_client(env)
         worker = start_worker(procs, env, "gevent", 300, "burst")
         [line] = [x for x in worker.log_text().splitlines() if "opens at most" in x]
-        plain, _ = wall(lambda i: poolapp.plain_burst.apply_async((f"p{i:03d}",)), 300)
-
         with Peak(dsn) as peak:
-            started = time.monotonic()
             results = [
                 poolapp.burst.apply_async((f"k{i:03d}",), {"seconds": 1.0}) for i in range(300)
             ]
@@ -242,7 +232,6 @@ def test_gevent_300_locked_tasks_at_once_on_a_server_of_100_connections(
                 check=False,
             )
             tokens = [result.get(timeout=DEADLINE) for result in results]
-            locked = time.monotonic() - started
 
         assert 0 == status.returncode, status.stdout + status.stderr
         assert all(isinstance(token, int) for token in tokens)
@@ -253,7 +242,6 @@ def test_gevent_300_locked_tasks_at_once_on_a_server_of_100_connections(
         assert "leaves the server's last 5 free slots to other clients when connected" in line
         assert 0 < peak.per_pid.get(worker.pid, 0) <= 8, peak.per_pid
         assert "too many clients" not in worker.log_text()
-        assert locked <= plain * 1.5, f"locked {locked:.2f} s, plain Celery {plain:.2f} s"
 
 
 def test_a_frozen_gevent_worker_loses_every_lock_within_the_lease(

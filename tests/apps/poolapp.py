@@ -17,7 +17,7 @@ from celery_pglock import PgLockTask
 from tests.apps import testapp
 from tests.apps.testapp import GATE_CLASS, app, finish, record
 
-__all__ = ["app", "burst", "hold", "plain_burst"]
+__all__ = ["app", "burst", "hold"]
 
 GATE_POLL = 0.05  # seconds between two looks at the gate
 GATE_DEADLINE = 60.0  # a gate the test forgot fails the task instead of hanging the worker
@@ -65,10 +65,3 @@ def burst(self: Any, key: str, seconds: float = 1.0) -> Any:
     of the server's connection budget counts the library's alone)."""
     time.sleep(seconds)
     return self.pglock.token
-
-
-@app.task(name="poolapp.plain_burst")
-def plain_burst(key: str, seconds: float = 1.0) -> str:
-    """``burst`` without a lock: the same wait, for plain Celery's wall time beside it."""
-    time.sleep(seconds)
-    return key

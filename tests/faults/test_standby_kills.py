@@ -19,14 +19,16 @@ from celery_pglock import lock_key
 from tests.apps.harness import app_env
 from tests.fixtures.procs import Procs, wait_until
 
-# Run alone (serial): asserts a latency bound (a dead waiter's backend gone within GONE_WITHIN),
-# which other tests' load would distort.
+# Run alone (serial): it kills standbys in a row, each a beat that starts in about 2 s.
+# GONE_WITHIN is a guarantee, not a speed: a dead waiter's backend stops waiting "within about
+# a second" (client_connection_check_interval = 1 s, docs/guarantees.md, Faults), and 5 s
+# keeps that documented bound with room that a loaded machine does not use up.
 pytestmark = [pytest.mark.faults, pytest.mark.serial]
 
 # Standbys killed in a row: 8 in `make test` (each starts a beat, about 2 s);
 # PGLOCK_STANDBY_ROUNDS=50 for a longer look.
 ROUNDS = int(os.environ.get("PGLOCK_STANDBY_ROUNDS", "8"))
-GONE_WITHIN = 5.0  # seconds: "soon after its client dies"
+GONE_WITHIN = 5.0  # seconds: the documented "about a second", with room for load
 START_TIMEOUT = 30.0  # seconds; generous, the machine runs other suites meanwhile
 
 

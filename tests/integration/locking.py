@@ -86,6 +86,17 @@ def lock_holders(conn: Conn, name: str) -> list[int]:
     return [row[0] for row in rows]
 
 
+def lock_waiters(conn: Conn, name: str) -> list[int]:
+    """Backend pids queued for the advisory lock of ``name`` in the server (not granted)."""
+    classid, objid = split_key(lock_key(name))
+    rows = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1 "
+        "AND classid = %s::bigint::oid AND objid = %s::bigint::oid ORDER BY pid",
+        (classid, objid),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
 def advisory_locks_of(conn: Conn, backend_pid: int) -> int:
     """How many advisory locks the session ``backend_pid`` holds."""
     row = conn.execute(

@@ -37,8 +37,10 @@ from tests.integration.locking import (
     the_run,
 )
 
-# Run alone (serial): leases of a second or two, bounds of lease + 1 s, heartbeat CPU time, which
-# other tests' load would distort.
+# Run alone (serial): leases of a second or two. Its bounds are guarantees, not speeds: a quiet
+# holder loses its lock within the lease (lease + 1 s: the server ends the session at the
+# lease, the successor's next try follows); the heartbeat's CPU seconds while it must be
+# idle stay under 0.3 s (a busy loop burns about a second: load only lowers CPU seconds).
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SLOT = "2026-11-29T18:05:00Z"

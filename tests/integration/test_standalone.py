@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -40,7 +41,7 @@ from celery_pglock.schema import Tables
 from celery_pglock.sessions import HOSTNAME
 from celery_pglock.standalone import LockHandle
 from tests.fixtures.procs import Proc, Procs, wait_until
-from tests.integration.locking import Conn, claim, open_database, skipped
+from tests.integration.locking import Conn, claim, lock_waiters, open_database, skipped
 
 pytestmark = pytest.mark.integration
 
@@ -422,28 +423,41 @@ def test_wait_times_out_with_a_skip_naming_the_holder(
     with advisory_lock(job, wait=True, timeout=0.5, **where) as lock:
         waited = time.monotonic() - started
 
+    # The holder keeps the lock for a minute: a wait that ended without it was its timeout.
     assert (False, "locked", holder.pid) == (lock.acquired, lock.reason, (lock.holder or {})["pid"])
-    assert 0.5 <= waited < 5
+    assert waited >= 0.5
+    assert holder.alive
 
 
-@pytest.mark.serial  # asserts a latency bound (granted within 1 s of the kill)
 def test_wait_is_granted_the_moment_the_holder_dies(
     procs: Procs, where: dict[str, Any], job: str
 ) -> None:
-    """A waiter gets the lock as soon as a SIGKILLed holder's session ends, no polling."""
+    """A waiter queues in the server's lock queue, not polling, and is granted the lock by
+    the SIGKILLed holder's session ending, long before the holder would have let go. How
+    soon after the kill is a figure: ``python -m benchmarks.handover`` (docs/benchmarks.md
+    §14), not asserted here."""
     holder = start_holder(procs, where["dsn"], where["schema"], job)
-    killed_at: list[float] = []
+    queued: list[int] = []
 
-    def kill() -> None:
-        killed_at.append(time.monotonic())
+    def kill_once_queued() -> None:
+        with psycopg.connect(where["dsn"], autocommit=True) as conn:
+            queued.extend(
+                wait_until(
+                    lambda: lock_waiters(conn, job),
+                    timeout=20,
+                    message="the waiter in the server's lock queue",
+                )
+            )
         holder.kill()
 
-    threading.Timer(0.5, kill).start()
-    with advisory_lock(job, wait=True, timeout=20, **where) as lock:
-        granted_at = time.monotonic()
+    killer = threading.Thread(target=kill_once_queued)
+    killer.start()
+    with advisory_lock(job, wait=True, timeout=30, **where) as lock:
+        killer.join()
 
     assert lock.acquired
-    assert granted_at - killed_at[0] < 1.0
+    assert 1 == len(queued)  # one backend waiting on the lock, in the server
+    assert -signal.SIGKILL == holder.wait(timeout=20)  # the kill, not its minute, freed it
 
 
 # -- bad input -------------------------------------------------------------------------------
