@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import click
 from celery import Celery
 
-from celery_pglock import ops, retention
+from celery_pglock import controls, ops, retention
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     EXIT_NOT_FOUND,
@@ -28,6 +28,7 @@ from celery_pglock.cli.common import (
     tables_of,
 )
 from celery_pglock.cli.controls import pause, resume, trigger, why
+from celery_pglock.cli.entries import BY_HELP
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.cli.web import web
 from celery_pglock.config import app_settings
@@ -36,7 +37,7 @@ from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
 from celery_pglock.steering import reads
-from celery_pglock.steering.apps import namespace
+from celery_pglock.steering.apps import namespace, target
 
 # -- commands -----------------------------------------------------------------------------
 
@@ -195,13 +196,16 @@ def _retention(app: Celery, older_than: str | None) -> timedelta:
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Really end the holder's session.")
 @click.option("--any-namespace", is_flag=True, help="Allow a lock outside this app's namespace.")
+@click.option("--by", help=BY_HELP)
 @json_option
 @click.pass_context
-def release(ctx: click.Context, name: str, yes: bool, any_namespace: bool, as_json: bool) -> None:
+def release(
+    ctx: click.Context, *, name: str, yes: bool, any_namespace: bool, by: str | None, as_json: bool
+) -> None:
     """End the session holding lock NAME (a lock or task name); needs --yes.
 
     PostgreSQL frees the lock at once; the holder learns it on its next heartbeat and
-    reports the lock as lost. Who did it is logged.
+    reports the lock as lost. Who did it is logged and audited, as from the dashboard.
     """
     app = current_app(ctx)
     name = resolve_lock(app, name)
@@ -218,6 +222,9 @@ def release(ctx: click.Context, name: str, yes: bool, any_namespace: bool, as_js
             click.echo(output.shared_note(found), err=True, nl=False)
             raise Refused("refusing to end this session without --yes")
         done = ops.force_release(conn, tables, name)
+        if done is not None and done.terminated:
+            who = target(app, by)
+            controls.audit(conn, who, "release", lock_name=name, terminated=done.terminated)
     _report_release(name, done, as_json)
 
 

@@ -20,6 +20,7 @@ import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
+from psycopg import sql
 
 from celery_pglock import PgLockTask, controls, waiting
 from celery_pglock.cli.command import pglock
@@ -360,6 +361,25 @@ def test_release_yes_ends_the_holder_which_notices(
     assert "@" in payload["operator"]
     assert [] == lock_holders(conn, name)
     holder.proc.wait_for_log("LOST", timeout=10)
+
+
+def test_release_is_audited_with_who_ended_which_sessions(
+    app: Celery, db: Database, conn: Conn, procs: Procs, pglock_schema: str
+) -> None:
+    """release --yes writes an audit row, as the dashboard's release does: who (--by), the
+    lock, and the sessions it ended."""
+    name = task_lock(pglock_schema)
+    holder = start_holder(procs, db.settings.dsn, pglock_schema, name, task_id="t-audit")
+
+    result = invoke(app, "release", name, "--yes", "--by", "oncall-ann")
+
+    assert 0 == result.exit_code, result.output
+    query = sql.SQL("SELECT actor, lock_name, detail FROM {} WHERE action = 'release'")
+    [(actor, lock, detail)] = conn.execute(
+        query.format(sql.Identifier(pglock_schema, "pglock_audit"))
+    ).fetchall()
+    assert ("oncall-ann", name) == (actor, lock)
+    assert [holder.backend_pid] == [h["backend_pid"] for h in detail["terminated"]]
 
 
 def test_release_refuses_a_lock_outside_the_namespace(

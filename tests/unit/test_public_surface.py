@@ -60,7 +60,7 @@ COMMANDS = {
     "pglock migrate": ["--json", "--sql"],
     "pglock pause": ["--by", "--json", "--reason", "ENTRY"],
     "pglock prune": ["--any-namespace", "--batch", "--json", "--older-than"],
-    "pglock release": ["--any-namespace", "--json", "--yes", "NAME"],
+    "pglock release": ["--any-namespace", "--by", "--json", "--yes", "NAME"],
     "pglock rerun": ["--by", "--json", "--reason", "LOCK", "SLOT"],
     "pglock resume": ["--by", "--catch-up", "--json", "ENTRY"],
     "pglock runs": ["--json", "--limit", "--since", "--state", "--task"],
