@@ -149,8 +149,8 @@ def _moment(text: str) -> datetime:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ConfigurationError(f"{text!r} is not an ISO-8601 time") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+    if parsed.tzinfo is None:  # ambiguous: the CLI refuses it too, nothing is guessed
+        raise ConfigurationError(f"{text!r} has no UTC offset: add Z or +HH:MM")
     return parsed.astimezone(timezone.utc)
 
 

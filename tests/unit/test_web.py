@@ -241,3 +241,36 @@ def test_times_read_the_same_from_a_datetime_or_its_json_text() -> None:
 
     assert "2026-12-02 13:05:09 UTC" == _when(moment) == _when(moment.isoformat())
     assert ("-", "not a time") == (_when(None), _when("not a time"))
+
+
+def post_action(kind: str, fields: dict[str, str]) -> tuple[int, str]:
+    """POST a confirmed (or reviewed) action as a user who may act, with its CSRF token and
+    our Origin, to the dashboard of an app with one beat entry ``tick`` and no database."""
+    from celery import Celery  # noqa: PLC0415
+    from werkzeug.test import Client  # noqa: PLC0415
+
+    from celery_pglock.web import make_app  # noqa: PLC0415
+
+    app = Celery("actions", set_as_current=False)
+    app.conf.update(
+        pglock_dsn="postgresql://nobody@127.0.0.1:1/none",
+        pglock_connect_timeout=1,
+        beat_scheduler="celery_pglock.beat:PgLockScheduler",
+        beat_schedule={"tick": {"task": "actions.tick", "schedule": 3.0}},
+    )
+    ann = Identity("ann", can_read=True, can_act=True)
+    board = make_app(app, identify=lambda request: ann)
+    form = {**fields, "csrf": board.csrf.token(ann)}
+    response = Client(board).post(
+        f"/action/{kind}", data=form, headers={"Origin": "http://localhost"}
+    )
+    return response.status_code, response.get_data(as_text=True)
+
+
+def test_a_backfill_time_without_a_utc_offset_is_refused_as_the_cli_refuses_it() -> None:
+    """A time without Z or +HH:MM is ambiguous: refused with the fix, never taken as UTC."""
+    fields = {"entry": "tick", "from": "2026-12-01T00:00:00", "to": "2026-12-01T01:00:00Z"}
+
+    status, page = post_action("backfill", {**fields, "step": "review"})
+
+    assert (400, True) == (status, "no UTC offset: add Z or +HH:MM" in page), page
