@@ -19,6 +19,7 @@ from werkzeug.routing import MapAdapter
 from werkzeug.wrappers import Request, Response
 
 from celery_pglock import controls, ops
+from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.config import app_settings
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.failures import boundary
@@ -179,18 +180,37 @@ def _do(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str])
     found = schedule.entry(entry)
     if kind == "backfill":
         return _backfill(board, target, schedule, found, fields)
+    if kind == "resume":
+        return _resume(board, target, schedule, found, fields)
     with board.session() as (conn, _):
         if kind == "pause":
             return controls.pause(conn, target, entry, fields.get("reason") or None)
-        if kind == "resume":
-            ended = controls.resume(conn, target, entry, catch_up=0)
-            if ended is None:
-                raise ConfigurationError(f"{entry} is not paused")
-            return ended
         made = replay.trigger(board.app, conn, target, schedule, entry, send_now=False)
     if made["send"]:
         _deliver(board, found, made["lock_name"], [{"slot": made["slot"], "action": "send"}])
     return made
+
+
+def _resume(
+    board: Dashboard,
+    target: controls.Target,
+    schedule: Schedule,
+    entry: Any,
+    fields: dict[str, str],
+) -> dict[str, Any]:
+    """Resume ``entry``; with ``catch_up`` ticked, also send the slots the pause held back
+    (the newest, at most the entry's catch-up limit), oldest first, as ``resume --catch-up``."""
+    limit = (
+        BeatSettings.from_app(board.app).entry_catch_up(entry)[1] if fields.get("catch_up") else 0
+    )
+    with board.session() as (conn, _):
+        ended = controls.resume(conn, target, entry.name, catch_up=limit)
+    if ended is None:
+        raise ConfigurationError(f"{entry.name} is not paused")
+    held = [{"slot": slot, "action": "send"} for slot in ended["caught_up"]]
+    if held:
+        _deliver(board, entry, schedule.lock_name(entry), held)
+    return ended
 
 
 def _rerun(

@@ -34,7 +34,7 @@ from selenium.webdriver.common.by import By
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from tests.acceptance.beat_support import APP, prepare_schema
 from tests.acceptance.browser import acting_as, browser, click_through, free_port, screenshot
-from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving
+from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving, utcnow
 from tests.apps.harness import Gate, app_env, configure_broker_client
 from tests.fixtures.procs import Procs, wait_until
 
@@ -203,6 +203,29 @@ def test_pause_pressed_in_the_browser_pauses_the_entry_audited_as_the_web_user(
     badge = browser.find_element(By.CSS_SELECTOR, 'tr[data-entry="tick"] .badge.paused').text
     assert f"paused by web:{WEB_USER}: disk full <b>now</b>" == badge
     assert 0 == dash.lab.cli("resume", "tick")[0]
+
+
+def test_resume_with_catch_up_ticked_sends_the_slots_the_pause_held_back(dash: Dash) -> None:
+    """The dashboard's resume, "also send the slots held back" ticked, sends them oldest
+    first, each once, as `pglock resume --catch-up` does (it could not, before)."""
+    lab = dash.lab
+    status, page = dash.act("pause", {"entry": "tick", "reason": "catch-up"}, "confirm")
+    assert 200 == status, page
+    paused = utcnow()
+
+    def held() -> list[str]:
+        return [r["slot"] for r in lab.runs("paused") if r["scheduled_at"] > paused]
+
+    slots = wait_until(lambda: len(held()) >= 2 and held(), timeout=DEADLINE, message="held")
+    status, page = dash.act("resume", {"entry": "tick", "catch_up": "1"}, "confirm")
+
+    assert 200 == status, page
+    wait_until(lambda: set(slots) <= set(lab.executed()), timeout=DEADLINE, message="caught up")
+    query = "SELECT * FROM {} WHERE action = 'resume' AND actor = %(actor)s"
+    [row] = lab.rows(query, "pglock_audit", actor=f"web:{WEB_USER}")
+    assert f"web:{WEB_USER}" == row["actor"]
+    assert set(slots) <= set(row["detail"]["caught_up"])
+    assert [1] * len(slots) == [lab.executed().count(slot) for slot in slots]
 
 
 def test_actions_without_the_csrf_token_or_credentials_are_refused_and_change_nothing(
