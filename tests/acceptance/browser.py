@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
+from tests.fixtures.services import browser_program
+
 HTTP_TIMEOUT = 10.0
 
 
@@ -29,10 +30,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not binary or not driver_path:
-        pytest.fail("the dashboard tests need Debian's chromium and chromium-driver")
+def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    binary, driver_path = chromium, browser_program("chromedriver", "chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860"):
