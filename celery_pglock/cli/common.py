@@ -24,7 +24,6 @@ import click
 from celery import Celery
 
 from celery_pglock import ops
-from celery_pglock.config import app_settings
 from celery_pglock.config import tables_of as config_tables
 from celery_pglock.errors import (
     ConfigurationError,
@@ -33,10 +32,9 @@ from celery_pglock.errors import (
     StatementFailed,
     WaitEnded,
 )
-from celery_pglock.failures import boundary
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection, connect
-from celery_pglock.startup import wait_for_postgres
+from celery_pglock.sessions import Connection
+from celery_pglock.steering import operator
 from celery_pglock.steering.apps import lock_of
 
 EXIT_OK = 0
@@ -127,19 +125,11 @@ def tables_of(app: Celery) -> Tables:
 def session(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Tables]]:
     """A connection labelled with the operator (``pg_stat_activity``, server logs);
     ``wait``: waiting for PostgreSQL if it is away (long-running commands)."""
-    settings = app_settings(app)
-    label = f"celery-pglock cli {ops.operator()}".encode()[:63].decode("utf-8", "ignore")
-
-    def attempt() -> Connection:
-        return connect(settings, application_name=label)
-
-    conn = (
-        wait_for_postgres(settings, attempt, who=_command(), logger=stderr_logger())
-        if wait
-        else attempt()
-    )
-    with conn, boundary(settings, conn):
-        yield conn, settings.tables
+    label = f"celery-pglock cli {ops.operator()}"
+    with operator.connection(
+        app, label, wait=wait, who=_command(), logger=stderr_logger()
+    ) as opened:
+        yield opened
 
 
 def _command() -> str:

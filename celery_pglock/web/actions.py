@@ -22,10 +22,8 @@ from celery_pglock import controls, ops
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.config import app_settings
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.failures import boundary
 from celery_pglock.messages import checked_slot
-from celery_pglock.sessions import connect
-from celery_pglock.steering import replay
+from celery_pglock.steering import operator, replay
 from celery_pglock.steering.apps import Schedule, namespace
 from celery_pglock.web.security import Identity, same_origin
 
@@ -37,6 +35,7 @@ logger = logging.getLogger("celery_pglock.web")
 KINDS = ("pause", "resume", "trigger", "rerun", "backfill", "release")
 BACKFILL_LIMIT = 100
 BACKFILL_RATE = 1.0  # slots per second
+SEND_LABEL = "celery-pglock web send"
 
 
 def handle(
@@ -270,11 +269,9 @@ def _send_in_background(
 ) -> None:
     """Send confirmed slots one at a time, each once the one before ended; a failure is
     logged (nobody waits on this thread)."""
-    settings = app_settings(board.app)
     try:
-        conn = connect(settings, application_name="celery-pglock web send")
-        with conn, boundary(settings, conn):
-            delivery = replay.Delivery(board.app, conn, settings.tables, entry, lock)
+        with operator.connection(board.app, SEND_LABEL) as (conn, tables):
+            delivery = replay.Delivery(board.app, conn, tables, entry, lock)
             replay.send_plan(found, delivery, BACKFILL_RATE)
     except PgLockError:
         logger.exception("the dashboard's sending of %s slots stopped", entry.name)

@@ -33,10 +33,9 @@ from celery_pglock.errors import (
     SchemaMissing,
     UnknownEntry,
 )
-from celery_pglock.failures import boundary
 from celery_pglock.schema import Tables, statement
-from celery_pglock.sessions import Connection, connect
-from celery_pglock.steering import history, reads
+from celery_pglock.sessions import Connection
+from celery_pglock.steering import history, operator, reads
 from celery_pglock.steering.apps import namespace
 from celery_pglock.web import actions, svg
 from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
@@ -129,11 +128,9 @@ class Dashboard:
 
     @contextmanager
     def session(self) -> Iterator[tuple[Connection, Tables]]:
-        settings = app_settings(self.app)
-        conn = connect(settings, application_name=LABEL)
-        with conn, boundary(settings, conn):
+        with operator.connection(self.app, LABEL) as (conn, tables):
             conn.execute(statement("web_jit_off"))
-            yield conn, settings.tables
+            yield conn, tables
 
     # -- pages ---------------------------------------------------------------------------
 

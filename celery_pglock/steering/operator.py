@@ -1,0 +1,74 @@
+"""Who steers, and the one way an operator's face opens a connection to PostgreSQL.
+
+The CLI, the dashboard and its background sends each label their connection (what
+``pg_stat_activity`` and the server's logs show) and translate the driver's errors at the
+same boundary; a long-running command first waits for PostgreSQL, as a worker does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from celery import Celery
+
+from celery_pglock import controls
+from celery_pglock.config import app_settings
+from celery_pglock.failures import boundary
+from celery_pglock.schema import Tables
+from celery_pglock.sessions import Connection, connect
+from celery_pglock.startup import wait_for_postgres
+from celery_pglock.steering.apps import namespace
+
+LABEL_BYTES = 63  # PostgreSQL keeps this much of an application_name
+
+logger = logging.getLogger("celery_pglock.steering")
+
+
+@contextmanager
+def connection(
+    app: Celery,
+    label: str,
+    *,
+    wait: bool = False,
+    who: str = "pglock",
+    logger: logging.Logger = logger,
+) -> Iterator[tuple[Connection, Tables]]:
+    """A connection of ``app``'s settings, labelled ``label``, and its tables; ``wait``:
+    waiting for PostgreSQL while it is away (``who`` and ``logger`` say so meanwhile)."""
+    settings = app_settings(app)
+    name = label.encode()[:LABEL_BYTES].decode("utf-8", "ignore")
+
+    def attempt() -> Connection:
+        return connect(settings, application_name=name)
+
+    conn = wait_for_postgres(settings, attempt, who=who, logger=logger) if wait else attempt()
+    with conn, boundary(settings, conn):
+        yield conn, settings.tables
+
+
+@dataclass(frozen=True)
+class Operator:
+    """Who acts on ``app`` (``actor``: the audit's ``user@host``, ``web:<user>``) and how
+    their connections are opened (``label``; ``wait``: for PostgreSQL, if away)."""
+
+    app: Celery
+    actor: str
+    label: str
+    wait: bool = False
+    who: str = "pglock"
+    logger: logging.Logger = logger
+
+    @property
+    def target(self) -> controls.Target:
+        """Where a control writes, as whom."""
+        return controls.Target(app_settings(self.app).tables, namespace(self.app), self.actor)
+
+    @contextmanager
+    def connection(self) -> Iterator[tuple[Connection, Tables]]:
+        with connection(
+            self.app, self.label, wait=self.wait, who=self.who, logger=self.logger
+        ) as opened:
+            yield opened
