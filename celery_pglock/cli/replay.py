@@ -131,9 +131,7 @@ def backfill(
         lock = entries.lock_name(found)
         with session(app, wait=not dry_run) as (conn, tables):
             plan = replay.plan(controls.slot_rows(conn, tables, lock, wanted), wanted)
-            if not dry_run:
-                delivery = replay.Delivery(app, conn, tables, found, lock)
-                replay.send_plan(plan, delivery, rate)
+            if not dry_run:  # audited first: a backfill stopped half-way leaves its trail
                 controls.audit(
                     conn,
                     target(app, by),
@@ -143,6 +141,8 @@ def backfill(
                     range=[start, end],
                     sent=[p["slot"] for p in plan if p["action"] == "send"],
                 )
+                delivery = replay.Delivery(app, conn, tables, found, lock)
+                replay.send_plan(plan, delivery, rate)
     _report_backfill(entry, lock, plan, dry_run, as_json)
 
 

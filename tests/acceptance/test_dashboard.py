@@ -335,6 +335,9 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     wait_until(
         lambda: set(planned) <= set(lab.executed()), timeout=DEADLINE, message="the backfill"
     )
+    [audit] = lab.rows("SELECT * FROM {} WHERE action = 'backfill'", "pglock_audit")
+    started = [run["started_at"] for run in lab.runs() if run["slot"] in planned]
+    assert all(audit["at"] < moment for moment in started)  # audited before it sent (as the CLI)
     status, page = dash.act("release", {"lock": "elsewhere:lock"}, "review")
     assert (400, True) == (status, "outside this app's namespace" in page)
     browser.get(f"{dash.url}/slot?" + urllib.parse.urlencode({"name": "tick", "slot": slot}))

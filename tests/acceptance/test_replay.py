@@ -40,6 +40,20 @@ def test_backfill_sends_only_the_slots_that_did_not_succeed(lab: Lab) -> None:
     assert [1] * len(before + gap) == [executed.count(slot) for slot in before + gap]
 
 
+def test_a_backfill_is_audited_before_its_first_slot_is_sent(lab: Lab) -> None:
+    """The audit row of a backfill is written before any of its slots runs (as the
+    dashboard's): a backfill stopped half-way leaves its trail."""
+    gap = held_back(lab, 1)
+
+    code, out = lab.cli("backfill", "tick", "--from", gap[0], "--to", gap[-1], "--json")
+
+    assert 0 == code, out
+    backfills = lab.rows("SELECT * FROM {} WHERE action = 'backfill'", "pglock_audit")
+    [audit] = [row for row in backfills if gap[0] in row["detail"]["sent"]]
+    [run] = [r for r in lab.runs() if r["slot"] == gap[0]]
+    assert audit["at"] < run["started_at"]
+
+
 def test_rerun_runs_a_succeeded_slot_once_more_with_a_larger_token(lab: Lab) -> None:
     slot = lab.executed()[1]
     [row] = [r for r in lab.runs() if r["slot"] == slot]
