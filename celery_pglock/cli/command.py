@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import click
 from celery import Celery
 
-from celery_pglock import controls, ops, retention
+from celery_pglock import ops, retention
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     EXIT_NOT_FOUND,
@@ -22,6 +22,7 @@ from celery_pglock.cli.common import (
     Refused,
     current_app,
     json_option,
+    operator_of,
     reported_errors,
     resolve_lock,
     session,
@@ -36,8 +37,8 @@ from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
-from celery_pglock.steering import reads
-from celery_pglock.steering.apps import namespace, target
+from celery_pglock.steering import actions, reads
+from celery_pglock.steering.apps import namespace
 
 # -- commands -----------------------------------------------------------------------------
 
@@ -208,29 +209,22 @@ def release(
     reports the lock as lost. Who did it is logged and audited, as from the dashboard.
     """
     app = current_app(ctx)
-    name = resolve_lock(app, name)
-    prefix = f"{namespace(app)}:"
-    if not name.startswith(prefix) and not any_namespace:
-        message = f"{name!r} is outside this app's namespace {prefix!r}; add --any-namespace"
-        raise Refused(message)
-    with reported_errors(), session(app) as (conn, tables):
-        found = ops.holders(conn, tables, name)
+    op = operator_of(app, by)
+    with reported_errors():
+        name = actions.lock_to_release(op, name, any_namespace=any_namespace)
+        with op.connection() as (conn, tables):
+            found = ops.holders(conn, tables, name)
         if not found:
             raise NotFound(f"lock {name!r} is not held")
         if not yes:
             click.echo(output.holders_text(name, found), err=True)
             click.echo(output.shared_note(found), err=True, nl=False)
             raise Refused("refusing to end this session without --yes")
-        done = ops.force_release(conn, tables, name)
-        if done is not None and done.terminated:
-            who = target(app, by)
-            controls.audit(conn, who, "release", lock_name=name, terminated=done.terminated)
+        done = actions.release(op, name, any_namespace=any_namespace)
     _report_release(name, done, as_json)
 
 
-def _report_release(name: str, done: ops.ForcedRelease | None, as_json: bool) -> None:
-    if done is None or not done.terminated:
-        raise NotFound(f"lock {name!r} was freed before it could be released")
+def _report_release(name: str, done: ops.ForcedRelease, as_json: bool) -> None:
     if as_json:
         output.echo_json(done.as_json())
     else:

@@ -34,8 +34,9 @@ from celery_pglock.errors import (
 )
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
-from celery_pglock.steering import operator
+from celery_pglock.steering.actions import NothingToDo
 from celery_pglock.steering.apps import lock_of
+from celery_pglock.steering.operator import Operator
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -78,7 +79,7 @@ def reported_errors() -> Iterator[None]:
     one clean line and an exit code; their messages never hold the password."""
     try:
         yield
-    except SchemaMissing as exc:
+    except (SchemaMissing, NothingToDo) as exc:
         raise NotFound(str(exc)) from None
     except ConfigurationError as exc:
         raise Refused(str(exc)) from None
@@ -125,11 +126,21 @@ def tables_of(app: Celery) -> Tables:
 def session(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Tables]]:
     """A connection labelled with the operator (``pg_stat_activity``, server logs);
     ``wait``: waiting for PostgreSQL if it is away (long-running commands)."""
-    label = f"celery-pglock cli {ops.operator()}"
-    with operator.connection(
-        app, label, wait=wait, who=_command(), logger=stderr_logger()
-    ) as opened:
+    with operator_of(app, None, wait=wait).connection() as opened:
         yield opened
+
+
+def operator_of(app: Celery, by: str | None, *, wait: bool = False) -> Operator:
+    """The operator acting from this command line (``--by``, default ``user@host``), whose
+    connections are labelled as the command's; ``wait``: waiting for PostgreSQL if away."""
+    return Operator(
+        app,
+        by or ops.operator(),
+        f"celery-pglock cli {ops.operator()}",
+        wait=wait,
+        who=_command(),
+        logger=stderr_logger(),
+    )
 
 
 def _command() -> str:

@@ -2,30 +2,27 @@
 
 Entries are the beat schedule's as the app's ``beat_scheduler`` loads it (a class with
 ``PgLockSchedulerMixin``: ``PgLockScheduler``'s ``beat_schedule``, or django-celery-beat's
-periodic tasks by name). The commands are thin shells around ``celery_pglock.controls``.
+periodic tasks by name). The commands are thin shells around ``steering.actions``, the
+dashboard's too.
 """
 
 from __future__ import annotations
 
 import click
 
-from celery_pglock import controls, ops
-from celery_pglock.beat.settings import BeatSettings
+from celery_pglock import ops
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
-    NotFound,
     current_app,
     json_option,
+    operator_of,
     reported_errors,
     resolve_lock,
     session,
 )
 from celery_pglock.cli.entries import BY_HELP, checked
-from celery_pglock.steering import reads, replay
-from celery_pglock.steering.apps import (
-    Schedule,
-    target,
-)
+from celery_pglock.steering import actions, reads, replay
+from celery_pglock.steering.apps import Schedule
 
 
 @click.command()
@@ -44,9 +41,7 @@ def pause(
     """
     app = current_app(ctx)
     with reported_errors():
-        Schedule(app).entry(entry)
-        with session(app) as (conn, _):
-            done = controls.pause(conn, target(app, by), entry, reason)
+        done = actions.pause(operator_of(app, by), entry, reason)
     if as_json:
         output.echo_json(ops.jsonable(done))
         return
@@ -74,16 +69,8 @@ def resume(ctx: click.Context, entry: str, catch_up: bool, by: str | None, as_js
     """Send ENTRY's slots again, from its next due slot on."""
     app = current_app(ctx)
     with reported_errors():
-        schedule = Schedule(app)
-        found = schedule.entry(entry)
-        limit = BeatSettings.from_app(app).entry_catch_up(found)[1] if catch_up else 0
-        with session(app, wait=catch_up) as (conn, tables):
-            done = controls.resume(conn, target(app, by), entry, catch_up=limit)
-            if done is None:
-                raise NotFound(f"{entry} is not paused")
-            delivery = replay.Delivery(app, conn, tables, found, schedule.lock_name(found))
-            outcomes = [delivery.run(slot) for slot in done["caught_up"]]
-        done["outcomes"] = dict(zip(done["caught_up"], outcomes, strict=True))
+        op = operator_of(app, by, wait=catch_up)
+        done = actions.resume(op, entry, catch_up=catch_up, send=replay.waiting_for_each())
     if as_json:
         output.echo_json(ops.jsonable(done))
         return
@@ -103,17 +90,15 @@ def trigger(
 ) -> None:
     """Send one run of ENTRY now. Triggering twice with one --slot runs it once."""
     app = current_app(ctx)
+    slot = checked(slot) if slot is not None else None
     with reported_errors():
-        schedule = Schedule(app)
-        found = schedule.entry(entry)
-        slot = checked(slot) if slot is not None else None
-        with session(app) as (conn, _):
-            done = replay.trigger(app, conn, target(app, by), schedule, entry, slot=slot)
+        done = actions.trigger(operator_of(app, by), entry, slot=slot, send=replay.published)
     lock, slot = done["lock_name"], done["slot"]
     if as_json:
         output.echo_json(ops.jsonable(done))
     elif done["send"]:
-        click.echo(f"{entry}: sent {found.task} with slot {slot} (lock {lock})")
+        task = Schedule(app).entry(entry).task
+        click.echo(f"{entry}: sent {task} with slot {slot} (lock {lock})")
     else:
         click.echo(
             f"{entry}: slot {slot} already succeeded (token {done['token']}): nothing sent. "

@@ -12,22 +12,22 @@ from typing import Any
 
 import click
 
-from celery_pglock import controls, preview
+from celery_pglock import preview
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
-    NotFound,
     Refused,
     current_app,
     json_option,
+    operator_of,
     reported_errors,
-    session,
 )
 from celery_pglock.cli.entries import BY_HELP
-from celery_pglock.steering import replay
-from celery_pglock.steering.apps import Schedule, target
+from celery_pglock.errors import ConfigurationError
+from celery_pglock.steering import actions, replay
+from celery_pglock.steering.apps import Schedule
 
-BACKFILL_LIMIT = 100  # slots per backfill unless --limit says more
+BACKFILL_LIMIT = actions.BACKFILL_LIMIT  # slots per backfill unless --limit says more
 DAY = timedelta(days=1)
 
 
@@ -36,12 +36,9 @@ def moment(ctx: click.Context, param: click.Parameter, value: str | None) -> dat
     if value is None:
         return None
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO-8601 time") from None
-    if parsed.tzinfo is None:
-        raise click.BadParameter(f"{value!r} has no UTC offset: add Z or +HH:MM")
-    return parsed.astimezone(timezone.utc)
+        return actions.moment(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command()
@@ -122,28 +119,14 @@ def backfill(
     if end < start:
         raise Refused(f"--to ({end:%Y-%m-%dT%H:%M:%SZ}) is before --from: swap them")
     app = current_app(ctx)
+    op = operator_of(app, by, wait=not dry_run)
     with reported_errors():
-        entries = Schedule(app)
-        found = entries.entry(entry)
-        wanted = replay.slots_between(app, found, start, end, limit)
-        if not wanted:
-            raise NotFound(f"{entry} has no slot in that range (see `pglock schedule --from`)")
-        lock = entries.lock_name(found)
-        with session(app, wait=not dry_run) as (conn, tables):
-            plan = replay.plan(controls.slot_rows(conn, tables, lock, wanted), wanted)
-            if not dry_run:  # audited first: a backfill stopped half-way leaves its trail
-                controls.audit(
-                    conn,
-                    target(app, by),
-                    "backfill",
-                    entry=entry,
-                    lock_name=lock,
-                    range=[start, end],
-                    sent=[p["slot"] for p in plan if p["action"] == "send"],
-                )
-                delivery = replay.Delivery(app, conn, tables, found, lock)
-                replay.send_plan(plan, delivery, rate)
-    _report_backfill(entry, lock, plan, dry_run, as_json)
+        if dry_run:
+            found = actions.backfill_plan(op, entry, start, end, limit=limit)
+        else:
+            send = replay.waiting_for_each(rate)
+            found = actions.backfill(op, entry, start, end, send=send, limit=limit)
+    _report_backfill(entry, found.lock, found.plan, dry_run, as_json)
 
 
 def _report_backfill(
@@ -175,26 +158,14 @@ def rerun(
         raise Refused("--reason must say why the slot runs again")
     app = current_app(ctx)
     with reported_errors():
-        entries = Schedule(app)
-        entry, lock_name = replay.entry_of(entries, lock)
-        with session(app, wait=True) as (conn, tables):
-            previous = controls.reopen(
-                conn, target(app, by), lock_name=lock_name, slot=slot, reason=reason
-            )
-            if previous is None:
-                raise NotFound(
-                    f"slot {slot} of {lock_name} has not succeeded: nothing to run again "
-                    "(send it with `pglock trigger --slot` or `pglock backfill`)"
-                )
-            outcome = replay.Delivery(app, conn, tables, entry, lock_name).run(slot)
-            row = controls.run_row(conn, tables, lock_name, slot)
-    result: dict[str, Any] = {"lock_name": lock_name, "slot": slot, "previous": previous}
-    result["outcome"] = outcome
-    result["token"] = row["token"] if row else None
+        op = operator_of(app, by, wait=True)
+        result = actions.rerun(op, lock, slot, reason, send=replay.waiting_for_each())
     if as_json:
         output.echo_json(result)
         return
+    previous = result["previous"]
     click.echo(
-        f"{lock_name} slot {slot}: ran again, {outcome} with token {result['token']} "
-        f"(before: token {previous['token']}, finished {output.when(previous['finished_at'])})"
+        f"{result['lock_name']} slot {slot}: ran again, {result['outcome']} with token "
+        f"{result['token']} (before: token {previous['token']}, finished "
+        f"{output.when(previous['finished_at'])})"
     )

@@ -1,23 +1,37 @@
 """Slots sent by name: one triggered now, past ones sent again (backfill), a succeeded
-one run once more (rerun). The functions behind ``celery pglock trigger|backfill|rerun``
-and the dashboard's buttons; the writes themselves are ``celery_pglock.controls``'."""
+one run once more (rerun), and how they go out (a ``Send``: waiting for each, in the
+background, or published once). What is sent and audited is ``steering.actions``'; the
+writes themselves are ``celery_pglock.controls``'."""
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
 from celery_pglock import controls, slots
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.errors import ConfigurationError
+from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.ops import Row
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection
 from celery_pglock.steering.apps import Schedule, send
+
+if TYPE_CHECKING:
+    from celery_pglock.steering.operator import Operator
+
+logger = logging.getLogger("celery_pglock.steering")
+
+#: How an action's slots go out: ``send(operator, entry, lock, plan)``, the plan's items
+#: ``{"slot": …, "action": "send" | "skip"}``; a sender that waits sets each ``outcome``.
+Send = Callable[["Operator", Any, str, list[dict[str, Any]]], None]
 
 FINAL_STATES = ("succeeded", "failed", "skipped")
 DELIVERY_TIMEOUT = 60.0  # seconds a slot sent by name may take to end
@@ -63,30 +77,6 @@ class Delivery:
                 return f"skipped ({reason})"
             time.sleep(POLL)
         return None
-
-
-def trigger(
-    app: Celery,
-    conn: Connection,
-    target: controls.Target,
-    schedule: Schedule,
-    entry: str,
-    *,
-    slot: str | None = None,
-    send_now: bool = True,
-) -> Row:
-    """Record one run of ``entry`` (slot ``manual:<now>`` unless given) and send it, unless
-    that slot already succeeded (``send`` false); what was done. ``send_now`` false: the
-    caller sends it (with a ``Delivery``, which sends a ``locked`` slot again)."""
-    found = schedule.entry(entry)
-    slot = slot if slot is not None else controls.manual_slot()
-    lock = schedule.lock_name(found)
-    done = controls.record_trigger(
-        conn, target, entry=entry, task=found.task, lock_name=lock, slot=slot
-    )
-    if done["send"] and send_now:
-        send(app, found, slot)
-    return {**done, "entry": entry, "lock_name": lock, "slot": slot}
 
 
 def slots_between(app: Celery, entry: Any, start: datetime, end: datetime, limit: int) -> list[str]:
@@ -148,3 +138,43 @@ def entry_of(entries: Schedule, name: str) -> tuple[Any, str]:
         f"{name!r} is neither a beat entry nor the lock of one: rerun sends an entry's task "
         f"again (entries: {', '.join(sorted(entries.entries)) or '(none)'})"
     )
+
+
+def sending(slots: list[str]) -> list[dict[str, Any]]:
+    """A plan that sends each of ``slots``."""
+    return [{"slot": slot, "action": "send"} for slot in slots]
+
+
+def waiting_for_each(rate: float = math.inf) -> Send:
+    """Send in the foreground, one slot at a time, each once the one before ended, at most
+    ``rate`` a second (``send_plan``); each sent item gets its ``outcome``."""
+
+    def deliver(op: Operator, entry: Any, lock: str, plan: list[dict[str, Any]]) -> None:
+        with op.connection() as (conn, tables):
+            send_plan(plan, Delivery(op.app, conn, tables, entry, lock), rate)
+
+    return deliver
+
+
+def in_background(rate: float = math.inf) -> Send:
+    """As ``waiting_for_each``, in a thread of its own: the caller answers at once, the
+    ledger and the audit trail show the outcomes; a failure is logged."""
+    foreground = waiting_for_each(rate)
+
+    def deliver(op: Operator, entry: Any, lock: str, plan: list[dict[str, Any]]) -> None:
+        def run() -> None:
+            try:
+                foreground(op, entry, lock, plan)
+            except PgLockError:
+                logger.exception("sending %s slots by name stopped", entry.name)
+
+        threading.Thread(target=run, name="pglock-send", daemon=True).start()
+
+    return deliver
+
+
+def published(op: Operator, entry: Any, lock: str, plan: list[dict[str, Any]]) -> None:
+    """Publish each slot to send once, now, without waiting for its outcome."""
+    for item in plan:
+        if item["action"] == "send":
+            send(op.app, entry, item["slot"])

@@ -4,38 +4,34 @@ Each is a POST, twice: first ``step=review`` (what would happen: a backfill's dr
 the holder a release would end), then ``step=confirm`` from the confirmation page. Both
 need an identity allowed to act (never anonymous), a CSRF token made for that identity,
 and an Origin (or Referer) of this dashboard; a refused request changes nothing. Each
-calls the function the CLI calls (``celery_pglock.controls``, ``steering.replay``) and is
-audited with the web user (``web:<user>``).
+confirmed action is the CLI's own (``steering.actions``), audited as the web user
+(``web:<user>``), its slots sent in the background.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from werkzeug.routing import MapAdapter
 from werkzeug.wrappers import Request, Response
 
 from celery_pglock import controls, ops
-from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.config import app_settings
-from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.errors import ConfigurationError
 from celery_pglock.messages import checked_slot
-from celery_pglock.steering import operator, replay
-from celery_pglock.steering.apps import Schedule, namespace
+from celery_pglock.ops import Row
+from celery_pglock.steering import actions, replay
+from celery_pglock.steering.apps import Schedule
+from celery_pglock.steering.operator import Operator
 from celery_pglock.web.security import Identity, same_origin
 
 if TYPE_CHECKING:
     from celery_pglock.web.app import Dashboard
 
-logger = logging.getLogger("celery_pglock.web")
-
 KINDS = ("pause", "resume", "trigger", "rerun", "backfill", "release")
-BACKFILL_LIMIT = 100
+BACKFILL_LIMIT = actions.BACKFILL_LIMIT
 BACKFILL_RATE = 1.0  # slots per second
-SEND_LABEL = "celery-pglock web send"
+LABEL = "celery-pglock web"
 
 
 def handle(
@@ -55,7 +51,7 @@ def handle(
     if request.form.get("step") == "confirm":
         done = _do(board, identity, kind, fields)
         return board.page(request, urls, identity, "done.html", kind=kind, fields=fields, done=done)
-    preview = _review(board, kind, fields)
+    preview = _review(board, identity, kind, fields)
     return board.page(
         request, urls, identity, "confirm.html", kind=kind, fields=fields, preview=preview
     )
@@ -97,8 +93,8 @@ def _refusal(
     return None
 
 
-def _target(board: Dashboard, identity: Identity) -> controls.Target:
-    return controls.Target(app_settings(board.app).tables, namespace(board.app), identity.actor)
+def _operator(board: Dashboard, identity: Identity) -> Operator:
+    return Operator(board.app, identity.actor, LABEL)
 
 
 def _required(fields: dict[str, str], name: str, what: str) -> str:
@@ -107,10 +103,11 @@ def _required(fields: dict[str, str], name: str, what: str) -> str:
     return fields[name]
 
 
-def _review(board: Dashboard, kind: str, fields: dict[str, str]) -> dict[str, Any]:
+def _review(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str]) -> Row:
     """What ``kind`` would do with ``fields``; nothing is changed."""
+    op = _operator(board, identity)
     if kind == "release":
-        name = _lock_in_namespace(board, _required(fields, "lock", "the lock's name"))
+        name = actions.lock_to_release(op, _required(fields, "lock", "the lock's name"))
         with board.session() as (conn, tables):
             return {"holders": ops.holders(conn, tables, name)}
     schedule = Schedule(board.app)
@@ -122,156 +119,35 @@ def _review(board: Dashboard, kind: str, fields: dict[str, str]) -> dict[str, An
             return {"row": controls.run_row(conn, tables, lock, slot), "lock_name": lock}
     entry = schedule.entry(_required(fields, "entry", "the entry"))
     if kind == "backfill":
-        return {
-            "plan": _plan(board, schedule, entry, fields),
-            "lock_name": schedule.lock_name(entry),
-        }
+        start, end = _window(fields)
+        planned = actions.backfill_plan(op, entry.name, start, end, limit=BACKFILL_LIMIT)
+        return {"plan": planned.plan, "lock_name": planned.lock}
     return {"lock_name": schedule.lock_name(entry)}
 
 
-def _plan(
-    board: Dashboard, schedule: Schedule, entry: Any, fields: dict[str, str]
-) -> list[dict[str, Any]]:
-    start = _moment(_required(fields, "from", "from"))
-    end = _moment(_required(fields, "to", "to"))
-    if end < start:
-        raise ConfigurationError("to is before from: swap them")
-    wanted = replay.slots_between(board.app, entry, start, end, BACKFILL_LIMIT)
-    if not wanted:
-        raise ConfigurationError(f"{entry.name} has no slot in that range")
-    with board.session() as (conn, tables):
-        rows = controls.slot_rows(conn, tables, schedule.lock_name(entry), wanted)
-    return replay.plan(rows, wanted)
+def _window(fields: dict[str, str]) -> tuple[datetime, datetime]:
+    start = actions.moment(_required(fields, "from", "from"))
+    return start, actions.moment(_required(fields, "to", "to"))
 
 
-def _moment(text: str) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigurationError(f"{text!r} is not an ISO-8601 time") from None
-    if parsed.tzinfo is None:  # ambiguous: the CLI refuses it too, nothing is guessed
-        raise ConfigurationError(f"{text!r} has no UTC offset: add Z or +HH:MM")
-    return parsed.astimezone(timezone.utc)
-
-
-def _lock_in_namespace(board: Dashboard, name: str) -> str:
-    prefix = f"{namespace(board.app)}:"
-    if not name.startswith(prefix):
-        raise ConfigurationError(f"{name!r} is outside this app's namespace {prefix!r}")
-    return name
-
-
-def _do(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str]) -> dict[str, Any]:
-    """Do ``kind``: the same functions as the CLI, audited as ``web:<user>``."""
-    target = _target(board, identity)
+def _do(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str]) -> Row:
+    """Do ``kind``: the actions the CLI does, audited as ``web:<user>``; their slots are
+    sent in the background (the page answers at once)."""
+    op = _operator(board, identity)
+    send = replay.in_background()
     if kind == "release":
-        name = _lock_in_namespace(board, _required(fields, "lock", "the lock's name"))
-        with board.session() as (conn, tables):
-            done = ops.force_release(conn, tables, name)
-            if done is None:
-                raise ConfigurationError(f"lock {name!r} is not held")
-            controls.audit(conn, target, "release", lock_name=name, terminated=done.terminated)
-        return done.as_json()
-    schedule = Schedule(board.app)
+        return actions.release(op, _required(fields, "lock", "the lock's name")).as_json()
     if kind == "rerun":
-        return _rerun(board, target, schedule, fields)
+        reason = _required(fields, "reason", "a reason")
+        slot = _required(fields, "slot", "the slot")
+        return actions.rerun(op, _required(fields, "entry", "the entry"), slot, reason, send=send)
     entry = _required(fields, "entry", "the entry")
-    found = schedule.entry(entry)
-    if kind == "backfill":
-        return _backfill(board, target, schedule, found, fields)
+    if kind == "pause":
+        return actions.pause(op, entry, fields.get("reason") or None)
     if kind == "resume":
-        return _resume(board, target, schedule, found, fields)
-    with board.session() as (conn, _):
-        if kind == "pause":
-            return controls.pause(conn, target, entry, fields.get("reason") or None)
-        made = replay.trigger(board.app, conn, target, schedule, entry, send_now=False)
-    if made["send"]:
-        _deliver(board, found, made["lock_name"], [{"slot": made["slot"], "action": "send"}])
-    return made
-
-
-def _resume(
-    board: Dashboard,
-    target: controls.Target,
-    schedule: Schedule,
-    entry: Any,
-    fields: dict[str, str],
-) -> dict[str, Any]:
-    """Resume ``entry``; with ``catch_up`` ticked, also send the slots the pause held back
-    (the newest, at most the entry's catch-up limit), oldest first, as ``resume --catch-up``."""
-    limit = (
-        BeatSettings.from_app(board.app).entry_catch_up(entry)[1] if fields.get("catch_up") else 0
-    )
-    with board.session() as (conn, _):
-        ended = controls.resume(conn, target, entry.name, catch_up=limit)
-    if ended is None:
-        raise ConfigurationError(f"{entry.name} is not paused")
-    held = [{"slot": slot, "action": "send"} for slot in ended["caught_up"]]
-    if held:
-        _deliver(board, entry, schedule.lock_name(entry), held)
-    return ended
-
-
-def _rerun(
-    board: Dashboard, target: controls.Target, schedule: Schedule, fields: dict[str, str]
-) -> dict[str, Any]:
-    reason = _required(fields, "reason", "a reason")
-    entry, lock = replay.entry_of(schedule, _required(fields, "entry", "the entry"))
-    slot = checked_slot("slot", _required(fields, "slot", "the slot"))
-    with board.session() as (conn, _):
-        previous = controls.reopen(conn, target, lock_name=lock, slot=slot, reason=reason)
-    if previous is None:
-        raise ConfigurationError(f"slot {slot} of {lock} has not succeeded: nothing to run again")
-    _deliver(board, entry, lock, [{"slot": slot, "action": "send"}])
-    return {"lock_name": lock, "slot": slot, "previous": previous}
-
-
-def _backfill(
-    board: Dashboard,
-    target: controls.Target,
-    schedule: Schedule,
-    entry: Any,
-    fields: dict[str, str],
-) -> dict[str, Any]:
-    """Audit the backfill now, then send its slots one at a time, each once the one
-    before ended, in the background (as ``celery pglock backfill`` does in the foreground)."""
-    found = _plan(board, schedule, entry, fields)
-    lock = schedule.lock_name(entry)
-    sending = [item["slot"] for item in found if item["action"] == "send"]
-    with board.session() as (conn, _):
-        controls.audit(
-            conn,
-            target,
-            "backfill",
-            entry=entry.name,
-            lock_name=lock,
-            range=[fields["from"], fields["to"]],
-            sent=sending,
-        )
-    _deliver(board, entry, lock, found)
-    return {"entry": entry.name, "lock_name": lock, "slots": found, "sending": sending}
-
-
-def _deliver(board: Dashboard, entry: Any, lock: str, found: list[dict[str, Any]]) -> None:
-    """Send these slots in the background as the CLI sends them in the foreground: one at
-    a time, each once the one before ended, a slot skipped ``locked`` sent again."""
-    thread = threading.Thread(
-        target=_send_in_background,
-        args=(board, entry, lock, found),
-        name="pglock-web-send",
-        daemon=True,
-    )
-    thread.start()
-
-
-def _send_in_background(
-    board: Dashboard, entry: Any, lock: str, found: list[dict[str, Any]]
-) -> None:
-    """Send confirmed slots one at a time, each once the one before ended; a failure is
-    logged (nobody waits on this thread)."""
-    try:
-        with operator.connection(board.app, SEND_LABEL) as (conn, tables):
-            delivery = replay.Delivery(board.app, conn, tables, entry, lock)
-            replay.send_plan(found, delivery, BACKFILL_RATE)
-    except PgLockError:
-        logger.exception("the dashboard's sending of %s slots stopped", entry.name)
+        return actions.resume(op, entry, catch_up=bool(fields.get("catch_up")), send=send)
+    if kind == "trigger":
+        return actions.trigger(op, entry, slot=None, send=send)
+    start, end = _window(fields)
+    paced = replay.in_background(BACKFILL_RATE)
+    return actions.backfill(op, entry, start, end, send=paced, limit=BACKFILL_LIMIT).as_json()

@@ -41,7 +41,6 @@ from celery_pglock.web import actions, svg
 from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
 
 Identify = Callable[[Request], Identity]
-LABEL = "celery-pglock web"
 MAX_HOURS = 24 * 31
 REFRESH_CHOICES = (0, 10, 30, 60)
 
@@ -128,7 +127,7 @@ class Dashboard:
 
     @contextmanager
     def session(self) -> Iterator[tuple[Connection, Tables]]:
-        with operator.connection(self.app, LABEL) as (conn, tables):
+        with operator.connection(self.app, actions.LABEL) as (conn, tables):
             conn.execute(statement("web_jit_off"))
             yield conn, tables
 
