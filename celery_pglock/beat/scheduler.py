@@ -10,9 +10,10 @@ what it claimed, with the slot in the ``pglock_slot`` header, confirming the sen
 batches as they go (``sending``); then it re-sends claims never confirmed, sweeps rows dead
 attempts left running, and prunes the ledger (``retention``). A new leader first re-sends,
 at once, every claim a stopped or dead leader left unconfirmed. Stopped mid-tick (SIGTERM:
-Celery's handler closes the scheduler and raises SystemExit inside the tick), the replica
-sends the rest of the tick first (up to ``STOP_FINISH_WITHIN``; a second stop: at once)
-and confirms what it sent before it resigns.
+Celery's handler closes the scheduler and raises SystemExit inside the tick, held till the
+message or batch in flight is on the broker and confirmed), the replica sends the rest of
+the tick first (up to ``STOP_FINISH_WITHIN``; a second stop: at once) and confirms what it
+sent before it resigns.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.freshness import FreshnessWatch
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
-from celery_pglock.beat.sending import Confirmations, batched
+from celery_pglock.beat.sending import Confirmations, HeldStops, batched
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.config import TaskOptions
 from celery_pglock.db import check_server, database
@@ -234,17 +235,20 @@ class PgLockSchedulerMixin:
 
     def _send_claimed(self, claims: list[Due], confirmations: Confirmations) -> int:
         """Publish ``claims`` in order, confirming them in batches as they go, while this
-        replica leads; how many went out. A stop (SIGTERM, Ctrl-C: Celery raises it here)
+        replica leads; how many went out. A stop (SIGTERM, Ctrl-C: Celery raises it here),
+        held till the message or batch in flight is out and confirmed (``HeldStops``),
         finishes the tick for up to ``STOP_FINISH_WITHIN`` s, a second one stops at once:
         what went out is confirmed, the next leader sends the rest at once."""
         todo, stop, finish_by = iter(claims), None, float("inf")
         while True:
             try:
-                with batched(self.producer, confirmations):
-                    self._publish_each(todo, confirmations, finish_by)
-                break
+                # The held stop is delivered (raised) once the batch is out and confirmed.
+                with HeldStops() as stops, batched(self.producer, confirmations):
+                    self._publish_each(todo, confirmations, finish_by, stops)
+                if not stops.received:
+                    break  # else a stop whose handler did not raise: send the rest
             except (SystemExit, KeyboardInterrupt) as exc:
-                if stop is not None:
+                if stop is not None or stops.received > 1:  # a second stop: at once
                     confirmations.flush_on_stop(exc)
                     raise
                 stop, finish_by = exc, time.monotonic() + STOP_FINISH_WITHIN
@@ -260,9 +264,13 @@ class PgLockSchedulerMixin:
             raise stop
         return confirmations.confirmed
 
-    def _publish_each(self, todo: Iterator[Due], confirmations: Confirmations, by: float) -> None:
+    def _publish_each(
+        self, todo: Iterator[Due], confirmations: Confirmations, by: float, stops: HeldStops
+    ) -> None:
         checked_at = time.monotonic()
         for item in todo:
+            if stops.caught is not None:
+                return  # a stop: taken between two messages, once the batch is out
             now = time.monotonic()
             if now > by:
                 return  # stopping: the rest is the next leader's, at once

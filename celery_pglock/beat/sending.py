@@ -9,15 +9,21 @@ them the workers had already received is a double the ledger skips.
 Where the transport can (kombu's ``Producer.batch``: Redis, kombu 5.7 and later), the
 messages of a batch go to the broker together, in one round trip, just before their
 claims are confirmed (``batched``): a claim is confirmed only once its message is on the
-broker, and what a failed or interrupted batch leaves unsent is never confirmed.
+broker, and what a failed batch leaves unsent is never confirmed.
+
+A stop (SIGTERM, Ctrl-C) is held while a message or a batch goes out and is confirmed
+(``HeldStops``), so that it finds each batch either on the broker and confirmed, or unsent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
 from typing import Any
 
 from celery_pglock.beat.claims import BeatClaims
@@ -28,6 +34,61 @@ logger = logging.getLogger("celery_pglock.beat")
 
 CONFIRM_BATCH = 250  # messages confirmed in one round trip
 CONFIRM_EVERY = 0.25  # seconds a sent message waits for its confirmation at most (while sending)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # Celery's beat handler: close, SystemExit
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class HeldStops:
+    """SIGTERM and SIGINT held back inside, delivered when it ends (never lost).
+
+    Celery's beat handler raises SystemExit wherever the main thread is. Raised inside
+    redis-py's write of a batch (part of it on the broker) or inside the batch's
+    confirmation, it left messages on the broker unconfirmed, and the next leader sent
+    them again (issue 34: 6 to 157 doubles per stop). Held, the stop waits for the
+    message or batch in flight to be on the broker and confirmed; the sender looks at
+    ``caught`` between two messages and stops there. A further stop while one waits is
+    delivered at once (stuck on the broker or the database, beat can still be stopped),
+    and counts as a second stop (``received``).
+    Python runs signal handlers in the main thread, whichever thread the signal reached,
+    so swapping the handlers there holds the process's stops (``pthread_sigmask`` in one
+    thread would not). In another thread (``celery worker -B`` may run beat in one) no
+    handler raises into the sends, and nothing is swapped. Nested holds: the outer holds.
+    """
+
+    def __init__(self) -> None:
+        self.caught: int | None = None  # the stop waiting for the hold to end
+        self.received = 0  # stops while held (a second one was delivered at once)
+        self._saved: dict[int, _Handler] = {}
+
+    def __enter__(self) -> HeldStops:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                handler = signal.getsignal(signum)
+                if handler in (None, signal.SIG_IGN) or isinstance(handler, HeldStops):
+                    continue  # not set from Python (cannot be put back), ignored, or held
+                self._saved[signum] = signal.signal(signum, self)
+        return self
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received += 1
+        if self.received == 1:
+            self.caught = signum
+            return
+        self.caught = None  # delivered with this one: one handler call for both
+        self._release()
+        signal.raise_signal(signum)  # a further stop: at once, by its own handler
+
+    def __exit__(self, *exc: object) -> None:
+        self._release()
+        caught, self.caught = self.caught, None
+        if caught is not None:
+            signal.raise_signal(caught)  # its own handler runs now, in this thread
+
+    def _release(self) -> None:
+        saved, self._saved = self._saved, {}
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 class Confirmations:
@@ -50,13 +111,15 @@ class Confirmations:
             self.flush()
 
     def flush(self) -> None:
-        """Confirm every message sent so far (one round trip)."""
+        """Put what was sent so far on the broker and confirm it (one round trip each),
+        a stop held till both are done; forgotten only once confirmed."""
         if not self._pending:
             return
-        self.before_confirm()
-        pending, self._pending, self._on_broker = self._pending, [], 0
-        self._claims.confirm(pending)
-        self.confirmed += len(pending)
+        with HeldStops():
+            self.before_confirm()
+            self._claims.confirm(self._pending)
+            self.confirmed += len(self._pending)
+            self._pending, self._on_broker = [], 0
 
     def forget_unsent(self) -> int:
         """The batch failed or was cut short: its messages may not be on the broker, so
@@ -107,8 +170,13 @@ class _Batch:
                 exc,
                 extra={"action": "pglock_beat_send_failed"},
             )
-        except BaseException:  # a stop while sending: delivery uncertain
-            self._confirmations.forget_unsent()
+        except BaseException as exc:  # a further stop while sending: delivery uncertain
+            logger.warning(
+                "beat stopped while a batch went out (%s); %d sent message(s) left unconfirmed",
+                type(exc).__name__,
+                self._confirmations.forget_unsent(),
+                extra={"action": "pglock_beat_unconfirmed"},
+            )
             raise
 
 

@@ -258,10 +258,6 @@ def unconsumed(pg_dsn: str, redis_url: str, procs: Procs) -> Iterator[tuple[Lab,
             client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 34: a stop inside a batch's flush forgets the batch already on the broker",
-)
 def test_a_leader_stopped_right_after_a_batch_reached_the_broker_sends_each_claim_once(
     unconsumed: tuple[Lab, Queue],
 ) -> None:

@@ -8,6 +8,9 @@ here, what beat asks for, in which order, and how it reads the answers.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +20,7 @@ from celery import Celery
 
 from celery_pglock.beat.claims import RESEND_LIMIT, BeatClaims
 from celery_pglock.beat.planner import Due
-from celery_pglock.beat.sending import CONFIRM_BATCH, Confirmations, batched
+from celery_pglock.beat.sending import CONFIRM_BATCH, Confirmations, HeldStops, batched
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.keys import lock_key
@@ -258,20 +261,96 @@ def test_a_batch_the_broker_refused_is_never_confirmed(
     assert "could not send 3 message(s)" in record.getMessage()
 
 
-def test_a_stop_while_a_batch_flushes_leaves_its_claims_unconfirmed(
-    settings: BeatSettings,
+def test_a_stop_raised_inside_a_batch_s_flush_leaves_its_claims_unconfirmed_and_says_so(
+    settings: BeatSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """SIGTERM lands while the batch goes out (delivery uncertain): the stop goes on and
-    none of the batch's claims is confirmed; the next leader re-sends them."""
+    """A stop raised inside the flush itself (a further stop, delivered at once: delivery
+    uncertain): none of the batch's claims is confirmed, the next leader re-sends them,
+    and one WARNING says how many."""
     run = Recorder()
     producer = BatchingProducer(run, fail=SystemExit())
     confirmations = Confirmations(BeatClaims(settings, run))
 
-    with pytest.raises(SystemExit):
+    with caplog.at_level(logging.WARNING, logger="celery_pglock.beat"), pytest.raises(SystemExit):
         send_in_batch(producer, confirmations, 3)
     confirmations.flush_on_stop(SystemExit())
 
     assert [] == [name for name, _ in run.calls if name == "beat_confirm"]
+    [record] = caplog.records
+    assert "3 sent message(s) left unconfirmed" in record.getMessage()
+    assert "pglock_beat_unconfirmed" == record.action  # type: ignore[attr-defined]
+
+
+class Stopped(BaseException):
+    """What the stand-in for Celery's beat handler raises (its SystemExit)."""
+
+
+@pytest.fixture
+def stop_handler() -> Iterator[list[str]]:
+    """SIGTERM handled as ``celery beat`` does (raise), for the test; each call noted."""
+    calls: list[str] = []
+
+    def stop(signum: int, frame: object) -> None:
+        calls.append("stop")
+        raise Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield calls
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class SignalledProducer(BatchingProducer):
+    """A producer whose flush gets ``signals`` SIGTERMs while its batch goes out."""
+
+    def __init__(self, run: Recorder, signals: int) -> None:
+        super().__init__(run)
+        self.signals = signals
+
+    def flush(self) -> None:
+        if self.buffered and self.signals:
+            signals, self.signals = self.signals, 0
+            self.run.calls.append(("signalled", {}))
+            for _ in range(signals):
+                os.kill(os.getpid(), signal.SIGTERM)
+        super().flush()
+
+
+def test_a_stop_while_a_batch_goes_out_waits_until_it_is_on_the_broker_and_confirmed(
+    settings: BeatSettings, stop_handler: list[str]
+) -> None:
+    """SIGTERM in the middle of a batch's flush (issue 34): the batch reaches the broker
+    and its claims are confirmed, then the stop's own handler runs, once."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run))
+
+    with pytest.raises(Stopped):
+        send_in_batch(SignalledProducer(run, signals=1), confirmations, CONFIRM_BATCH + 5)
+
+    assert ["signalled", "broker", "beat_confirm"] == [name for name, _ in run.calls]
+    assert CONFIRM_BATCH == confirmations.confirmed
+    assert ["stop"] == stop_handler
+    assert signal.getsignal(signal.SIGTERM) is not None  # put back
+    assert not isinstance(signal.getsignal(signal.SIGTERM), HeldStops)
+
+
+def test_a_further_stop_while_one_is_held_is_taken_at_once(
+    settings: BeatSettings, stop_handler: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two SIGTERMs while a batch goes out: the second is not held (beat stuck on the
+    broker can still be stopped); the batch stays unconfirmed, and a WARNING says so."""
+    run = Recorder()
+    confirmations = Confirmations(BeatClaims(settings, run))
+
+    with caplog.at_level(logging.WARNING, logger="celery_pglock.beat"), pytest.raises(Stopped):
+        send_in_batch(SignalledProducer(run, signals=2), confirmations, 3)
+
+    assert [] == [name for name, _ in run.calls if name == "beat_confirm"]
+    assert ["stop"] == stop_handler
+    assert ["3 sent message(s) left unconfirmed"] == [
+        r.getMessage().split("; ")[1] for r in caplog.records
+    ]
 
 
 def test_without_batches_each_message_goes_out_as_it_is_published(
