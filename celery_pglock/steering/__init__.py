@@ -1,8 +1,10 @@
 """Steering: what the operator's faces share, written once.
 
 ``celery pglock`` (``cli/``), the web dashboard (``web/``) and the Django mount
-(``contrib/django``) read the same things and act through the same functions: the app's
-beat entries as its scheduler loads them (``apps``), and the reads a page or a command
-shows (``reads``: the status, one slot's story, an entry's history, the audit trail).
-The actions themselves are ``celery_pglock.controls``; nothing here knows click or HTML.
+(``contrib/django``) read the same things and act through the same functions: every
+operator action, one function each (``actions``), who acts and how a face connects
+(``operator``), the app's beat entries as its scheduler loads them (``apps``), and the
+reads a page or a command shows (``reads``: the status, one slot's story, an entry's
+history, the audit trail). The writes are ``celery_pglock.controls``'; nothing here
+knows click or HTML.
 """
