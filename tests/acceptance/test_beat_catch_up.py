@@ -207,11 +207,20 @@ def test_sending_resumes_with_the_current_slot(outage: Outage) -> None:
     assert [outage.resumed()] == [send.slot for send in outage.first_batch()]
 
 
-def test_catch_up_all_sends_every_missed_slot_at_once(outages: dict[str, Outage]) -> None:
-    """'all': the missed slots go out with the current one, in the first tick back."""
-    outage = outages["all"]
+def caught_up(outage: Outage, limit: int) -> list[str]:
+    """The missed slots that go out with the current one: the newest ``limit - 1``. On a
+    busy machine the beat may take seconds to start again, and the outage outgrow the
+    limit (10 slots missed once in make test, the oldest then rightly not sent)."""
+    return outage.missed()[-(limit - 1) :]
 
-    assert [*outage.missed(), outage.resumed()] == [s.slot for s in outage.first_batch()]
+
+def test_catch_up_all_sends_every_missed_slot_at_once(outages: dict[str, Outage]) -> None:
+    """'all': the missed slots (the newest, up to the limit) go out with the current one,
+    in the first tick back."""
+    outage = outages["all"]
+    caught = caught_up(outage, POLICIES["all"][1])
+
+    assert [*caught, outage.resumed()] == [s.slot for s in outage.first_batch()]
 
 
 def test_catch_up_all_runs_every_slot_once(outages: dict[str, Outage]) -> None:
@@ -220,12 +229,13 @@ def test_catch_up_all_runs_every_slot_once(outages: dict[str, Outage]) -> None:
     ran = outage.scenario.executed_slots()
 
     assert sorted(set(ran)) == sorted(ran)
-    assert set(outage.missed()) <= set(ran)
+    assert set(caught_up(outage, POLICIES["all"][1])) <= set(ran)
 
 
 def test_catch_up_all_sends_at_most_the_limit(outages: dict[str, Outage]) -> None:
     """'all' with limit 2: only the newest missed slot goes out with the current one."""
     outage = outages["all_2"]
 
-    assert [outage.missed()[-1], outage.resumed()] == [s.slot for s in outage.first_batch()]
+    caught = caught_up(outage, POLICIES["all_2"][1])
+    assert [*caught, outage.resumed()] == [s.slot for s in outage.first_batch()]
     assert set() == outage.sent() & set(outage.missed()[:-1])
