@@ -77,22 +77,21 @@ def lease_within(db: Database, attempt: Claim, timeout: float, message: str) -> 
 
 def lock_holders(conn: Conn, name: str) -> list[int]:
     """Backend pids holding the advisory lock of ``name``, as ``pg_locks`` shows them."""
-    classid, objid = split_key(lock_key(name))
-    rows = conn.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-        "AND classid = %s::bigint::oid AND objid = %s::bigint::oid ORDER BY pid",
-        (classid, objid),
-    ).fetchall()
-    return [row[0] for row in rows]
+    return _advisory_pids(conn, name, granted=True)
 
 
 def lock_waiters(conn: Conn, name: str) -> list[int]:
     """Backend pids queued for the advisory lock of ``name`` in the server (not granted)."""
+    return _advisory_pids(conn, name, granted=False)
+
+
+def _advisory_pids(conn: Conn, name: str, *, granted: bool) -> list[int]:
     classid, objid = split_key(lock_key(name))
     rows = conn.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1 "
-        "AND classid = %s::bigint::oid AND objid = %s::bigint::oid ORDER BY pid",
-        (classid, objid),
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = %s "
+        "AND objsubid = 1 AND classid = %s::bigint::oid AND objid = %s::bigint::oid "
+        "ORDER BY pid",
+        (granted, classid, objid),
     ).fetchall()
     return [row[0] for row in rows]
 
