@@ -112,17 +112,22 @@ class Lab:
                 raise AssertionError(f"{proc!r} exited:\n{proc.log_tail()}")
 
 
+def entries_env(pg_dsn: str, schema: str, redis_url: str, entries: int) -> dict[str, str]:
+    """The test app's environment with ``entries`` interval entries, all due at once."""
+    return app_env(
+        pg_dsn=pg_dsn,
+        schema=schema,
+        broker_url=redis_url,
+        TEST_BEAT_ENTRIES=entries,
+        TEST_BEAT_ENTRIES_EVERY=EVERY,
+        TEST_BEAT_LEASE=LEASE,
+    )
+
+
 @pytest.fixture
 def lab(pg_dsn: str, redis_url: str, procs: Procs) -> Iterator[Lab]:
     with prepared_schema(pg_dsn, "scale") as schema:
-        env = app_env(
-            pg_dsn=pg_dsn,
-            schema=schema,
-            broker_url=redis_url,
-            TEST_BEAT_ENTRIES=ENTRIES,
-            TEST_BEAT_ENTRIES_EVERY=EVERY,
-            TEST_BEAT_LEASE=LEASE,
-        )
+        env = entries_env(pg_dsn, schema, redis_url, ENTRIES)
         for n in range(2):
             # Niced: on a 2-core machine the workers running the slot's 2,000 tasks would
             # otherwise take most of the CPU the bound is about (beat's sends).
@@ -239,14 +244,7 @@ def unconsumed(pg_dsn: str, redis_url: str, procs: Procs) -> Iterator[tuple[Lab,
     """Two beat replicas and 1,000 entries due at once; no worker: the queue keeps all."""
     client = redis.Redis.from_url(redis_url)
     with prepared_schema(pg_dsn, "stop") as schema:
-        env = app_env(
-            pg_dsn=pg_dsn,
-            schema=schema,
-            broker_url=redis_url,
-            TEST_BEAT_ENTRIES=STOP_ENTRIES,
-            TEST_BEAT_ENTRIES_EVERY=EVERY,
-            TEST_BEAT_LEASE=LEASE,
-        )
+        env = entries_env(pg_dsn, schema, redis_url, STOP_ENTRIES)
         beats = [
             procs.celery(APP, "beat", "--loglevel=INFO", env=env, name=f"beat{n}") for n in range(2)
         ]
