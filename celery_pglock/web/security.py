@@ -31,11 +31,14 @@ HEADERS = {
 
 @dataclass(frozen=True)
 class Identity:
-    """Who asks: ``name`` (audited as ``web:<name>``), and what they may do."""
+    """Who asks: ``name`` (audited as ``web:<name>``), and what they may do;
+    ``wrong_credentials``: anonymous because the credentials sent proved nothing (a
+    refusal says so, rather than asking for credentials)."""
 
     name: str | None
     can_read: bool = True
     can_act: bool = False
+    wrong_credentials: bool = False
 
     @property
     def actor(self) -> str:
@@ -43,6 +46,7 @@ class Identity:
 
 
 ANONYMOUS = Identity(None)
+WRONG_CREDENTIALS = Identity(None, wrong_credentials=True)
 
 
 class Credentials:
@@ -59,15 +63,18 @@ class Credentials:
         return bool(self._token or (self._user and self._password))
 
     def identify(self, authorization: str | None) -> Identity:
-        """The identity an ``Authorization`` header proves (anonymous: none, or wrong)."""
-        scheme, _, value = (authorization or "").partition(" ")
+        """The identity an ``Authorization`` header proves: anonymous when none was sent or
+        none is configured, ``WRONG_CREDENTIALS`` when one was sent and proved nothing."""
+        if not authorization or not self.configured:
+            return ANONYMOUS
+        scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and self._token and _same(value.strip(), self._token):
             return Identity("token", can_act=True)
         if scheme.lower() == "basic" and self._user and self._password:
             user, password = _basic(value.strip())
             if _same(user, self._user) & _same(password, self._password):
                 return Identity(self._user, can_act=True)
-        return ANONYMOUS
+        return WRONG_CREDENTIALS
 
 
 def _same(given: str, expected: str) -> bool:

@@ -15,7 +15,14 @@ from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering.history import MISSED, NO_RECORD, describe, strip
 from celery_pglock.web import svg
 from celery_pglock.web.app import _when
-from celery_pglock.web.security import ANONYMOUS, Credentials, Csrf, Identity, same_origin
+from celery_pglock.web.security import (
+    ANONYMOUS,
+    WRONG_CREDENTIALS,
+    Credentials,
+    Csrf,
+    Identity,
+    same_origin,
+)
 
 NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=timezone.utc)
 
@@ -25,14 +32,19 @@ def basic(user: str, password: str) -> str:
 
 
 def test_credentials_prove_a_user_or_a_token_and_nothing_else() -> None:
+    """The configured user or token proves who asks; a header that proves nothing is told
+    apart from no header; without credentials configured, any header is anonymous."""
     both = Credentials({"user": "ann", "password": "pw", "token": "t0k"})
 
     assert Identity("ann", can_act=True) == both.identify(basic("ann", "pw"))
     assert Identity("token", can_act=True) == both.identify("Bearer t0k")
-    for wrong in (None, "", basic("ann", "no"), basic("bob", "pw"), "Bearer no", "Basic !!"):
-        assert ANONYMOUS == both.identify(wrong)
+    for wrong in (basic("ann", "no"), basic("bob", "pw"), "Bearer no", "Basic !!", "Digest x"):
+        assert WRONG_CREDENTIALS == both.identify(wrong)
+    for none in (None, ""):
+        assert ANONYMOUS == both.identify(none)
     assert not Credentials({}).configured
     assert ANONYMOUS == Credentials({}).identify(basic("", ""))
+    assert ANONYMOUS == Credentials({}).identify(basic("ann", "pw"))
 
 
 def test_web_credentials_come_from_settings_else_the_environment() -> None:
@@ -274,3 +286,39 @@ def test_a_backfill_time_without_a_utc_offset_is_refused_as_the_cli_refuses_it()
     status, page = post_action("backfill", {**fields, "step": "review"})
 
     assert (400, True) == (status, "no UTC offset: add Z or +HH:MM" in page), page
+
+
+def refused(conf: dict[str, str], headers: dict[str, str]) -> tuple[int, str, str | None]:
+    """A confirmed pause POSTed to the standalone dashboard (``conf``: its credentials)
+    with ``headers``: the status, the page, the ``WWW-Authenticate`` challenge."""
+    from celery import Celery  # noqa: PLC0415
+    from werkzeug.test import Client  # noqa: PLC0415
+
+    from celery_pglock.web import make_app  # noqa: PLC0415
+
+    app = Celery("refusals", set_as_current=False)
+    app.conf.update(pglock_dsn="postgresql://nobody@127.0.0.1:1/none", **conf)
+    form = {"entry": "tick", "step": "confirm"}
+    response = Client(make_app(app)).post(
+        "/action/pause", data=form, headers={"Origin": "http://localhost", **headers}
+    )
+    challenge = response.headers.get("WWW-Authenticate")
+    return response.status_code, response.get_data(as_text=True), challenge
+
+
+def test_a_wrong_password_is_told_apart_from_none_sent_and_none_configured() -> None:
+    """Credentials sent that prove nothing: 'Wrong user name, password or token.' (401,
+    challenged); none sent: asked for; none configured: how to set them (no challenge)."""
+    conf = {"pglock_web_user": "ann", "pglock_web_password": "pw"}
+    asking = "Actions need credentials (pglock_web_user and pglock_web_password"
+    wrong = "Wrong user name, password or token."
+
+    status, page, challenge = refused(conf, {"Authorization": basic("ann", "no")})
+    assert (401, True, False) == (status, wrong in page, asking in page), page
+    assert challenge is not None
+    assert challenge.startswith("Basic ")
+    status, page, challenge = refused(conf, {})
+    assert (401, False, True) == (status, wrong in page, asking in page), page
+    assert challenge is not None
+    status, page, challenge = refused({}, {"Authorization": basic("ann", "pw")})
+    assert (401, False, True, None) == (status, wrong in page, asking in page, challenge), page
