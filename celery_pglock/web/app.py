@@ -43,6 +43,10 @@ from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
 Identify = Callable[[Request], Identity]
 MAX_HOURS = 24 * 31
 REFRESH_CHOICES = (0, 10, 30, 60)
+# An age this near zero, either side, reads "just now": a page's moment is taken before it
+# reads, so a run may end after it, and PostgreSQL's clock (which stamps the ledger) may be
+# a little ahead of the dashboard's.
+JUST_NOW = 1.0  # seconds
 
 URLS = Map(
     [
@@ -80,7 +84,9 @@ class Dashboard:
         self.templates = Environment(
             loader=PackageLoader("celery_pglock.web", "templates"), autoescape=True
         )
-        self.templates.filters.update(when=_when, age=_age, seconds=_seconds, pretty=_pretty)
+        self.templates.filters.update(
+            when=_when, age=_age, ago=_ago, seconds=_seconds, pretty=_pretty
+        )
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         request = Request(environ)
@@ -312,12 +318,25 @@ def _when(moment: datetime | str | None) -> str:
 
 
 def _age(seconds: float | None) -> str:
+    """A length of time (never negative: an age is ``_ago``'s), in its largest unit."""
     if seconds is None:
         return "-"
     for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
         if seconds >= size:
             return f"{seconds / size:.1f} {unit}"
     return f"{seconds:.0f} s"
+
+
+def _ago(seconds: float | None) -> str:
+    """How long before the page's moment a moment of the ledger was: "just now" within
+    ``JUST_NOW``, and a moment further ahead said to be ahead, never "-5 s ago"."""
+    if seconds is None:
+        return "-"
+    if abs(seconds) < JUST_NOW:
+        return "just now"
+    if seconds < 0:
+        return f"{_age(-seconds)} ahead (PostgreSQL's clock is ahead of the dashboard's)"
+    return f"{_age(seconds)} ago"
 
 
 def _seconds(value: float | None) -> str:

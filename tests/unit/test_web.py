@@ -14,7 +14,7 @@ from celery_pglock.config import web_credentials
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering.history import MISSED, NO_RECORD, describe, strip
 from celery_pglock.web import svg
-from celery_pglock.web.app import _when
+from celery_pglock.web.app import _ago, _when
 from celery_pglock.web.security import (
     ANONYMOUS,
     WRONG_CREDENTIALS,
@@ -253,6 +253,23 @@ def test_times_read_the_same_from_a_datetime_or_its_json_text() -> None:
 
     assert "2026-12-02 13:05:09 UTC" == _when(moment) == _when(moment.isoformat())
     assert ("-", "not a time") == (_when(None), _when("not a time"))
+
+
+def test_a_moment_ago_reads_just_now_even_a_little_in_the_future() -> None:
+    """An age under a second either side reads 'just now' (never '-0 s ago'): a run may end
+    while the page reads, and PostgreSQL's clock may be a little ahead of the page's."""
+    assert ["just now"] * 4 == [_ago(s) for s in (0.0, 0.4, -0.3, -0.999)]
+    assert ("1 s ago", "45 s ago", "1.5 min ago", "2.0 d ago") == (
+        _ago(1.2),
+        _ago(45),
+        _ago(90),
+        _ago(2 * 86400),
+    )
+    assert "-" == _ago(None)
+    ahead = _ago(-5.0)
+    assert "ago" not in ahead
+    assert "-" not in ahead
+    assert "5 s ahead" in ahead
 
 
 def post_action(kind: str, fields: dict[str, str]) -> tuple[int, str]:
