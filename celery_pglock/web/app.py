@@ -47,6 +47,7 @@ REFRESH_CHOICES = (0, 10, 30, 60)
 # reads, so a run may end after it, and PostgreSQL's clock (which stamps the ledger) may be
 # a little ahead of the dashboard's.
 JUST_NOW = 1.0  # seconds
+RETRY_EVERY = 10  # seconds between a page's own reloads while PostgreSQL is unreachable
 
 URLS = Map(
     [
@@ -116,7 +117,7 @@ class Dashboard:
         except ConfigurationError as exc:
             response = self.error(request, urls, identity, 400, str(exc))
         except DatabaseUnavailable as exc:
-            response = self.error(request, urls, identity, 503, str(exc))
+            response = self.unreachable(request, urls, identity, str(exc))
         except PgLockError as exc:
             response = self.error(request, urls, identity, 500, str(exc))
         except MethodNotAllowed as exc:
@@ -252,27 +253,74 @@ class Dashboard:
         template: str,
         *,
         status: int = 200,
+        refresh: int | None = None,
         **context: Any,
     ) -> Response:
-        refresh = _int(request.args.get("refresh"), 0)
+        """``template`` rendered; ``refresh``: seconds between its own reloads, else the
+        request's ``?refresh=`` choice."""
+        if refresh is None:
+            refresh = _int(request.args.get("refresh"), 0)
+            refresh = refresh if refresh in REFRESH_CHOICES else 0
         html = self.templates.get_template(template).render(
             url=urls.build,
             identity=identity,
             csrf=self.csrf.token(identity) if identity.can_act else "",
             actions_configured=self.actions_configured,
-            refresh=refresh if refresh in REFRESH_CHOICES else 0,
+            refresh=refresh,
             namespace=namespace(self.app),
             **context,
         )
         return Response(html, status=status, mimetype="text/html")
 
     def error(
-        self, request: Request, urls: MapAdapter, identity: Identity, status: int, message: str
+        self,
+        request: Request,
+        urls: MapAdapter,
+        identity: Identity,
+        status: int,
+        message: str,
+        **context: Any,
     ) -> Response:
+        """``message`` (no DSN in it) as JSON under ``/api/``, else as a page (``context``:
+        its ``heading``, ``hint``, ``refresh``)."""
         message = self._without_dsn(message)
         if request.path.startswith("/api/"):
             return _json({"error": message}, status=status)
-        return self.page(request, urls, identity, "error.html", status=status, message=message)
+        return self.page(
+            request, urls, identity, "error.html", status=status, message=message, **context
+        )
+
+    def unreachable(
+        self, request: Request, urls: MapAdapter, identity: Identity, message: str
+    ) -> Response:
+        """503 while PostgreSQL is unreachable: what happened, and that the page recovers
+        by itself. A page reloads itself every ``RETRY_EVERY`` s (a meta refresh, which the
+        Content-Security-Policy leaves alone: it is no script); an action's answer does not
+        (its reload would GET the action)."""
+        if request.method in ("GET", "HEAD"):
+            hint = (
+                "This page works again as soon as it answers; it reloads itself every "
+                f"{RETRY_EVERY} s, or reload it."
+            )
+            refresh: int | None = RETRY_EVERY
+        else:
+            hint = (
+                "The action may not have been done: once PostgreSQL answers, the entry's page "
+                "and the audit trail show whether it was; try it again then."
+            )
+            refresh = 0
+        response = self.error(
+            request,
+            urls,
+            identity,
+            503,
+            message,
+            heading="PostgreSQL is unreachable",
+            hint=hint,
+            refresh=refresh,
+        )
+        response.headers["Retry-After"] = str(RETRY_EVERY)
+        return response
 
     def _without_dsn(self, message: str) -> str:
         """The library names the server by its DSN (password masked) in its errors: the

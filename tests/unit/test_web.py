@@ -339,3 +339,30 @@ def test_a_wrong_password_is_told_apart_from_none_sent_and_none_configured() -> 
     assert challenge is not None
     status, page, challenge = refused({}, {"Authorization": basic("ann", "pw")})
     assert (401, False, True, None) == (status, wrong in page, asking in page, challenge), page
+
+
+def test_an_unreachable_server_is_said_and_the_page_reloads_itself_until_it_answers() -> None:
+    """While PostgreSQL is unreachable a page says so, that it works again once it answers,
+    and reloads itself (a meta refresh, no script); an action says so without reloading
+    (a reload of a POST's page would GET the action)."""
+    from celery import Celery  # noqa: PLC0415
+    from werkzeug.test import Client  # noqa: PLC0415
+
+    from celery_pglock.web import make_app  # noqa: PLC0415
+
+    app = Celery("no-db", set_as_current=False)
+    app.conf.pglock_dsn = "postgresql://someone:s3cret@127.0.0.1:1/shop"
+    app.conf.pglock_connect_timeout = 1
+
+    response = Client(make_app(app)).get("/locks")
+    page = response.get_data(as_text=True)
+
+    assert 503 == response.status_code, page
+    assert "<h1>PostgreSQL is unreachable</h1>" in page
+    assert "Not done" not in page
+    assert "works again as soon as it answers" in page
+    assert '<meta http-equiv="refresh" content="10">' in page
+    assert "10" == response.headers.get("Retry-After")
+    status, page = post_action("pause", {"entry": "tick", "step": "confirm"})
+    assert (503, True) == (status, "<h1>PostgreSQL is unreachable</h1>" in page), page
+    assert 'http-equiv="refresh"' not in page
