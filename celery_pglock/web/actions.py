@@ -1,19 +1,21 @@
 """The dashboard's buttons: pause, resume, trigger, rerun, backfill, release a lock.
 
 Each is a POST, twice: first ``step=review`` (what would happen: a backfill's dry run,
-the holder a release would end), then ``step=confirm`` from the confirmation page. Both
-need an identity allowed to act (never anonymous), a CSRF token made for that identity,
-and an Origin (or Referer) of this dashboard; a refused request changes nothing. Each
+the holder a release would end), then ``step=confirm`` from the confirmation page, which
+redirects (303) to the page that tells the outcome (``_done``). Both need an identity
+allowed to act (never anonymous), a CSRF token made for that identity, and an Origin (or
+Referer) of this dashboard; a refused request changes nothing. Each
 confirmed action is the CLI's own (``steering.actions``), audited as the web user
 (``web:<user>``), its slots sent in the background.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import TYPE_CHECKING
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from werkzeug.routing import MapAdapter
+from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
 from celery_pglock import controls, ops
@@ -50,11 +52,70 @@ def handle(
     }
     if request.form.get("step") == "confirm":
         done = _do(board, identity, kind, fields)
-        return board.page(request, urls, identity, "done.html", kind=kind, fields=fields, done=done)
+        return _done(board, urls, identity, kind, fields=fields, done=done)
     preview = _review(board, identity, kind, fields)
     return board.page(
         request, urls, identity, "confirm.html", kind=kind, fields=fields, preview=preview
     )
+
+
+def _done(
+    board: Dashboard,
+    urls: MapAdapter,
+    identity: Identity,
+    kind: str,
+    *,
+    fields: dict[str, str],
+    done: Row,
+) -> Response:
+    """Post/redirect/get: a confirmed action answers 303 See Other to the page of what it
+    acted on (the entry's; a rerun's slot; the locks page for a release), which shows the
+    outcome once as a notice: a reload of that page reads, never acts again.
+
+    The notice travels in the redirect's query string (``done``), as text with its seal
+    (``sig``, an HMAC under the process's key): stateless (no session or store to keep),
+    and a page shows only a notice this dashboard wrote, so a crafted link cannot claim an
+    action that was not done. It names what every page shows (entry, slot, lock, who),
+    nothing secret; the template escapes it."""
+    at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = f"{kind}: done at {at} — {_outcome(kind, identity, done)}"
+    endpoint, values = _landing(kind, fields, done)
+    location = urls.build(endpoint, {**values, "done": text, "sig": board.csrf.seal(text)})
+    return redirect(location, code=303)
+
+
+def _landing(kind: str, fields: dict[str, str], done: Row) -> tuple[str, dict[str, Any]]:
+    """The page a confirmed ``kind`` redirects to: endpoint and values."""
+    if kind == "release":
+        return "locks", {}
+    if kind == "rerun":
+        return "slot", {"name": fields["entry"], "slot": done["slot"]}
+    return "entry", {"name": fields["entry"]}
+
+
+def _outcome(kind: str, identity: Identity, done: Row) -> str:
+    """What a confirmed ``kind`` did, in a sentence, from the action's own answer."""
+    who = identity.actor
+    if kind == "pause":
+        said = f": {done['reason']}" if done.get("reason") else ""
+        already = "" if done["new"] else "already "
+        return f"{already}paused by {done['paused_by']}{said}"
+    if kind == "resume":
+        held = len(done["caught_up"])
+        return f"resumed by {who}" + (f"; {held} slot(s) held back being sent" if held else "")
+    if kind == "trigger":
+        sent = f"of {done['entry']} sent by {who}"
+        return f"slot {done['slot']} " + (sent if done["send"] else "already succeeded: not sent")
+    if kind == "rerun":
+        return f"slot {done['slot']} of {done['lock_name']} sent again by {who}"
+    if kind == "backfill":
+        sending, planned = len(done["sending"]), len(done["slots"])
+        return (
+            f"{sending} slot(s) of {done['entry']} being sent, one a second, by {who}"
+            f" ({planned - sending} of the range left: they ran)"
+        )
+    ended = len(done["terminated"])
+    return f"lock {done['lock']} released by {who}: {ended} session(s) ended"
 
 
 def _refusal(

@@ -263,6 +263,7 @@ class Dashboard:
             refresh = refresh if refresh in REFRESH_CHOICES else 0
         html = self.templates.get_template(template).render(
             url=urls.build,
+            notice=self.csrf.sealed(request.args.get("done"), request.args.get("sig")),
             identity=identity,
             csrf=self.csrf.token(identity) if identity.can_act else "",
             actions_configured=self.actions_configured,

@@ -92,11 +92,14 @@ def _basic(value: str) -> tuple[str, str]:
 
 class Csrf:
     """Tokens for forms: ``<expiry>.<hmac(identity, expiry)>`` under a key of the process
-    (or the one given: several processes behind one address need the same)."""
+    (or the one given: several processes behind one address need the same); and the seals
+    of the notices a confirmed action's redirect carries (``seal``), under a key derived
+    from it, so neither can pass for the other."""
 
     def __init__(self, key: bytes | None = None, ttl: float = CSRF_TTL) -> None:
         self._key = key or os.urandom(32)
         self._ttl = ttl
+        self._notice_key = hmac.new(self._key, b"celery-pglock notice", hashlib.sha256).digest()
 
     def token(self, identity: Identity, now: float | None = None) -> str:
         expires = int((now or time.time()) + self._ttl)
@@ -107,6 +110,16 @@ class Csrf:
         if not expires_text.isdigit() or int(expires_text) < (now or time.time()):
             return False
         return hmac.compare_digest(signature, self._sign(identity, int(expires_text)))
+
+    def seal(self, notice: str) -> str:
+        """The signature that shows ``notice`` was written by this dashboard."""
+        return hmac.new(self._notice_key, notice.encode(), hashlib.sha256).hexdigest()
+
+    def sealed(self, notice: str | None, signature: str | None) -> str | None:
+        """``notice`` if ``signature`` is its seal, else None."""
+        if not notice or not signature:
+            return None
+        return notice if hmac.compare_digest(signature, self.seal(notice)) else None
 
     def _sign(self, identity: Identity, expires: int) -> str:
         message = f"{identity.name or ''}|{expires}".encode()

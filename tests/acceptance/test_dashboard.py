@@ -72,7 +72,9 @@ class Dash:
             return exc.code
 
     def act(self, kind: str, fields: dict[str, str], step: str) -> tuple[int, str]:
-        """Post an action's form as the web user, with a fresh token and our Origin."""
+        """Post an action's form as the web user, with a fresh token and our Origin: the
+        review's page, a refusal, or (a confirmed action redirects, 303, followed with a
+        GET) the page that tells the outcome."""
         auth = {"Authorization": basic(WEB_USER, WEB_PASSWORD)}
         page = self.get("/entry/tick", headers=auth)[1]
         token = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
@@ -187,7 +189,10 @@ def test_pause_pressed_in_the_browser_pauses_the_entry_audited_as_the_web_user(
         assert "Confirm: pause" in browser.find_element(By.TAG_NAME, "h1").text
         screenshot(browser, "confirm", tmp_path)
         click_through(browser, browser.find_element(By.ID, "confirm"))
-        assert "pause: done" == browser.find_element(By.ID, "done").text
+        notice = browser.find_element(By.ID, "done").text
+        assert notice.startswith("pause: done at "), notice
+        assert f"paused by web:{WEB_USER}: disk full <b>now</b>" in notice
+        assert browser.current_url.startswith(dash.url + "/entry/tick?")  # redirected there
     finally:
         acting_as(browser, None)
 
@@ -313,7 +318,7 @@ def test_trigger_rerun_and_backfill_through_the_forms_as_the_web_user(
     assert (200, True) == (status, "Confirm: trigger" in page)
     status, page = dash.act("trigger", {"entry": "tick"}, "confirm")
     assert 200 == status, page
-    [slot] = re.findall(r'"slot": "(manual:[^"]+)"', page)
+    [slot] = re.findall(r'id="done">trigger: done at [^<]* slot (manual:\S+) of tick', page)
     wait_until(lambda: slot in lab.executed(), timeout=DEADLINE, message="the triggered run")
 
     status, page = dash.act("rerun", {"entry": "tick", "slot": slot, "reason": ""}, "confirm")
@@ -391,7 +396,10 @@ def test_a_held_lock_released_from_the_locks_page_as_the_web_user(
             click_through(browser, row.find_element(By.TAG_NAME, "button"))
             assert "Confirm: release" in browser.find_element(By.TAG_NAME, "h1").text
             click_through(browser, browser.find_element(By.ID, "confirm"))
-            assert "release: done" == browser.find_element(By.ID, "done").text
+            notice = browser.find_element(By.ID, "done").text
+            assert notice.startswith("release: done at "), notice
+            assert f"lock {lock} released by web:{WEB_USER}" in notice
+            assert browser.current_url.startswith(dash.url + "/locks?")  # redirected there
         finally:
             acting_as(browser, None)
         assert lock not in held_locks(dash)

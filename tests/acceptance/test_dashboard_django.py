@@ -129,7 +129,10 @@ def test_a_user_without_the_permission_cannot_act_and_one_with_it_can(
     browser.find_element(By.ID, "pause-reason").send_keys("release day")
     click_through(browser, browser.find_element(By.ID, "pause"))
     click_through(browser, browser.find_element(By.ID, "confirm"))
-    assert "pause: done" == browser.find_element(By.ID, "done").text
+    notice = browser.find_element(By.ID, "done").text
+    assert notice.startswith("pause: done at "), notice
+    assert "paused by web:olga: release day" in notice
+    assert f"{site.url}/pglock/entry/tick?" in browser.current_url  # redirected there
     [row] = site.lab.rows("SELECT * FROM {}", "pglock_pauses")
     assert ("web:olga", "release day") == (row["paused_by"], row["reason"])
 

@@ -1,0 +1,97 @@
+"""The dashboard's actions against a real PostgreSQL, through the WSGI application
+(Werkzeug's test client, no server, no worker): what a confirmed action answers and what
+the page it leads to shows."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from celery import Celery
+from psycopg import sql
+from werkzeug.test import Client
+
+from celery_pglock import ops
+from celery_pglock.config import app_settings
+from celery_pglock.web import Dashboard, make_app
+from celery_pglock.web.security import Identity
+
+pytestmark = pytest.mark.integration
+
+ANN = Identity("ann", can_read=True, can_act=True)
+ORIGIN = {"Origin": "http://localhost"}
+
+
+def dashboard(pg_dsn: str, schema: str) -> tuple[Dashboard, Client]:
+    """The dashboard of an app with one beat entry ``tick``, acting as ``web:ann``."""
+    app = Celery("webapp", set_as_current=False)
+    app.conf.update(
+        pglock_dsn=pg_dsn,
+        pglock_schema=schema,
+        pglock_namespace=schema,
+        beat_scheduler="celery_pglock.beat:PgLockScheduler",
+        beat_schedule={"tick": {"task": "webapp.tick", "schedule": 3600.0}},
+    )
+    ops.migrate(app_settings(app))
+    board = make_app(app, identify=lambda request: ANN)
+    return board, Client(board)
+
+
+def notice(page: str) -> str | None:
+    found = re.search(r'<p class="notice" id="done">(.*?)</p>', page, re.DOTALL)
+    return found.group(1) if found else None
+
+
+def audited(pg_dsn: str, schema: str, action: str) -> int:
+    with psycopg.connect(pg_dsn) as conn:
+        query = sql.SQL("SELECT count(*) FROM {} WHERE action = %s").format(
+            sql.Identifier(schema, "pglock_audit")
+        )
+        row: Any = conn.execute(query, (action,)).fetchone()
+        return int(row[0])
+
+
+def test_a_confirmed_action_redirects_to_its_page_which_tells_the_outcome(
+    pg_dsn: str, pglock_schema: str
+) -> None:
+    """A confirmed pause answers 303 See Other to the entry's page, which tells what was
+    done in a sentence, not JSON; loading that page again does not pause again."""
+    board, client = dashboard(pg_dsn, pglock_schema)
+    form = {"entry": "tick", "reason": "disk <b>full</b>", "step": "confirm"}
+
+    response = client.post(
+        "/action/pause", data={**form, "csrf": board.csrf.token(ANN)}, headers=ORIGIN
+    )
+
+    assert 303 == response.status_code, response.get_data(as_text=True)
+    location = response.headers["Location"]
+    assert location.startswith("/entry/tick?")
+    for _ in range(2):  # the page, and its reload
+        page = client.get(location)
+        text = page.get_data(as_text=True)
+        assert 200 == page.status_code, text
+        told = notice(text)
+        assert told is not None, text
+        assert told.startswith("pause: done at ")
+        assert "paused by web:ann: disk &lt;b&gt;full&lt;/b&gt;" in told
+        assert '"paused_by"' not in text
+    assert 1 == audited(pg_dsn, pglock_schema, "pause")
+
+
+def test_a_notice_not_made_by_the_dashboard_is_not_shown(pg_dsn: str, pglock_schema: str) -> None:
+    """A link carrying a notice of its own making (no or a wrong signature) shows none: a
+    page never claims an action was done when the dashboard did not do it."""
+    board, client = dashboard(pg_dsn, pglock_schema)
+    made = client.post(
+        "/action/pause",
+        data={"entry": "tick", "step": "confirm", "csrf": board.csrf.token(ANN)},
+        headers=ORIGIN,
+    ).headers["Location"]
+    forged = re.sub(r"sig=[0-9a-f]+", "sig=" + "0" * 64, made)
+
+    for location in (forged, "/entry/tick?done=release%3A+done", "/locks?done=x&sig=y"):
+        page = client.get(location)
+        assert (200, None) == (page.status_code, notice(page.get_data(as_text=True)))
+    assert notice(client.get(made).get_data(as_text=True)) is not None
