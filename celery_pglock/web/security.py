@@ -109,7 +109,7 @@ class Csrf:
         expires_text, _, signature = (token or "").partition(".")
         if not expires_text.isdigit() or int(expires_text) < (now or time.time()):
             return False
-        return hmac.compare_digest(signature, self._sign(identity, int(expires_text)))
+        return _same(signature, self._sign(identity, int(expires_text)))
 
     def seal(self, notice: str) -> str:
         """The signature that shows ``notice`` was written by this dashboard."""
@@ -119,7 +119,7 @@ class Csrf:
         """``notice`` if ``signature`` is its seal, else None."""
         if not notice or not signature:
             return None
-        return notice if hmac.compare_digest(signature, self.seal(notice)) else None
+        return notice if _same(signature, self.seal(notice)) else None
 
     def _sign(self, identity: Identity, expires: int) -> str:
         message = f"{identity.name or ''}|{expires}".encode()

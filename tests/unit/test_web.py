@@ -76,6 +76,17 @@ def test_a_csrf_token_works_for_its_identity_until_it_expires() -> None:
         assert not csrf.check(ann, forged, now=1001.0)
 
 
+def test_a_token_or_seal_with_characters_no_signature_has_is_refused_not_a_crash() -> None:
+    """A forged CSRF token or notice seal with a non-ASCII character is simply wrong (it
+    raised TypeError from the constant-time comparison: a 500)."""
+    csrf = Csrf(b"k" * 32)
+    ann = Identity("ann", can_act=True)
+
+    assert not csrf.check(ann, "9999999999.\u00e9")
+    assert csrf.sealed("pause: done", "\u00e9") is None
+    assert "pause: done" == csrf.sealed("pause: done", csrf.seal("pause: done"))
+
+
 def test_same_origin_wants_our_scheme_host_and_port() -> None:
     ours = "http://127.0.0.1:8555/"
     assert same_origin("http://127.0.0.1:8555", None, ours)
