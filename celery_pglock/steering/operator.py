@@ -20,7 +20,7 @@ from celery_pglock.failures import boundary
 from celery_pglock.schema import Tables
 from celery_pglock.sessions import Connection, connect
 from celery_pglock.startup import wait_for_postgres
-from celery_pglock.steering.apps import namespace
+from celery_pglock.steering.apps import target
 
 LABEL_BYTES = 63  # PostgreSQL keeps this much of an application_name
 
@@ -64,7 +64,7 @@ class Operator:
     @property
     def target(self) -> controls.Target:
         """Where a control writes, as whom."""
-        return controls.Target(app_settings(self.app).tables, namespace(self.app), self.actor)
+        return target(self.app, self.actor)
 
     @contextmanager
     def connection(self) -> Iterator[tuple[Connection, Tables]]:

@@ -126,7 +126,7 @@ def _refusal(
     if identity.name is not None and not identity.can_act:
         return board.error(request, urls, identity, 403, f"{identity.name} may not act here.")
     if not identity.can_act:
-        response = board.error(request, urls, identity, 401, _unproven(board, identity))
+        response = board.error(request, urls, identity, 401, _unproven(identity))
         if board.actions_configured:
             response.headers["WWW-Authenticate"] = 'Basic realm="celery-pglock", charset="UTF-8"'
         return response
@@ -147,10 +147,11 @@ def _refusal(
     return None
 
 
-def _unproven(board: Dashboard, identity: Identity) -> str:
-    """Why an anonymous request may not act: the credentials it sent are wrong, or it sent
-    none (asked for, and how the server sets them)."""
-    if board.actions_configured and identity.wrong_credentials:
+def _unproven(identity: Identity) -> str:
+    """Why an anonymous request may not act: the credentials it sent are wrong (only ever
+    said where some are configured: ``Credentials.identify``), or it sent none (asked for,
+    and how the server sets them)."""
+    if identity.wrong_credentials:
         return "Wrong user name, password or token."
     return (
         "Actions need credentials (pglock_web_user and pglock_web_password, or pglock_web_token)."
