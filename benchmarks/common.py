@@ -24,8 +24,8 @@ import psycopg
 import redis
 from psycopg import sql
 
-from celery_pglock.migrations import ensure_schema
 from celery_pglock.schema import Tables
+from celery_pglock.store.migrations import ensure_schema
 
 T = TypeVar("T")
 

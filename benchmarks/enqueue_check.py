@@ -32,11 +32,11 @@ from benchmarks import common
 from benchmarks.roundtrips import CountingProxy
 from celery_pglock import PgLockTask
 from celery_pglock.config import Settings, app_settings
-from celery_pglock.db import Database, close_all, database
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED, enqueued_skip
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
+from celery_pglock.store.database import Database, close_all, database
 
 DONE_SLOT = "2026-01-01T00:00:00Z"
 LOCK = f"{common.KEY_PREFIX}:job"

@@ -51,7 +51,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from benchmarks import common
-from celery_pglock.db import close_all
+from celery_pglock.store.database import close_all
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from celery_pglock.testing.replication import StreamingReplica
 from tests.apps import testapp

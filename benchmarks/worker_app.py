@@ -23,13 +23,14 @@ from celery_once import QueueOnce  # type: ignore[import-untyped]
 from celery_singleton import Singleton  # type: ignore[import-untyped]
 
 from benchmarks.records import BODY_RAN, SKIP_DECIDED, report, started, time_tasks
-from celery_pglock import PgLockTask, unwaited
+from celery_pglock import PgLockTask
 from celery_pglock import signals as pglock_signals
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire_params, lease_ms, release_params
 from celery_pglock.protocol import Claim, Lease
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import HOSTNAME, application_name
+from celery_pglock.store import unwaited
+from celery_pglock.store.connections import HOSTNAME, application_name
 
 ENV = os.environ
 DSN = ENV.get("PGLOCK_DSN", "")

@@ -24,7 +24,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_schema": "public",
     "pglock_table_prefix": "pglock_",
     "pglock_auto_migrate": True,
-    "pglock_pool_size": None,  # "auto": see celery_pglock.db.pool_size
+    "pglock_pool_size": None,  # "auto": see celery_pglock.store.database.pool_size
     "pglock_connect_timeout": 5.0,
     # Idle connections of a process are closed after this many seconds (0: kept).
     "pglock_idle_timeout": 30.0,
@@ -135,7 +135,9 @@ class Settings:
     schema: str = "public"
     table_prefix: str = "pglock_"
     auto_migrate: bool = True
-    pool_size: int | None = None  # None: "auto", resolved per process by celery_pglock.db
+    pool_size: int | None = (
+        None  # None: "auto", resolved per process by celery_pglock.store.database
+    )
     connect_timeout: float = 5.0
     idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept
     spare_connections: int = 5  # server slots a process's lock connections never take

@@ -19,7 +19,6 @@ from celery.utils import uuid
 
 from celery_pglock import policy, signals
 from celery_pglock.config import Settings
-from celery_pglock.db import database
 from celery_pglock.errors import ConfigurationError, DatabaseError
 from celery_pglock.ledger import enqueued_skip
 from celery_pglock.messages import (
@@ -31,6 +30,7 @@ from celery_pglock.messages import (
 )
 from celery_pglock.protocol import Claim, Skip
 from celery_pglock.states import SKIPPED
+from celery_pglock.store.database import database
 
 logger = logging.getLogger("celery_pglock")
 

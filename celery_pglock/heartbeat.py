@@ -12,10 +12,10 @@ import os
 import threading
 import time
 
-from celery_pglock.db import serving_tasks
 from celery_pglock.errors import DatabaseError
-from celery_pglock.failures import boundary
 from celery_pglock.protocol import PING_SQL, Lease, judge_failure
+from celery_pglock.store.database import serving_tasks
+from celery_pglock.store.failures import boundary
 
 MIN_PING_INTERVAL = 0.2
 # An idle heartbeat thread still wakes this often (seconds), so that registering a lease

@@ -20,10 +20,8 @@ import logging
 import os
 from typing import Any
 
-from celery_pglock import shared, unwaited
-from celery_pglock.db import Database
+from celery_pglock import shared
 from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
-from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.ledger import (
     SUCCEEDED,
@@ -34,7 +32,10 @@ from celery_pglock.ledger import (
     short_reason,
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
-from celery_pglock.sessions import Connection, application_name, connect, in_transaction
+from celery_pglock.store import unwaited
+from celery_pglock.store.connections import Connection, application_name, connect, in_transaction
+from celery_pglock.store.database import Database
+from celery_pglock.store.failures import boundary
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")

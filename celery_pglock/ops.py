@@ -27,14 +27,14 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from celery_pglock import migrations
 from celery_pglock.config import Settings
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.failures import boundary
 from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection, connect
+from celery_pglock.store import migrations
+from celery_pglock.store.connections import Connection, connect
+from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")
 

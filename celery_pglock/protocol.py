@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 from celery_pglock import signals
 from celery_pglock.errors import DatabaseError, LockLost, SessionGone
-from celery_pglock.failures import boundary
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.schema import statement
-from celery_pglock.sessions import HOSTNAME, Connection
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
+from celery_pglock.store.connections import HOSTNAME, Connection
+from celery_pglock.store.failures import boundary
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")

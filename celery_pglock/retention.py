@@ -27,9 +27,9 @@ from typing import Any
 
 from celery_pglock.config import Settings, setting
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.failures import boundary
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection, connect
+from celery_pglock.store.connections import Connection, connect
+from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")
 

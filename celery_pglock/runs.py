@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 
-from celery_pglock.db import Database
 from celery_pglock.errors import LockLost, SessionGone
-from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import unwatch
 from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
 from celery_pglock.locks import release
 from celery_pglock.protocol import Lease
-from celery_pglock.sessions import connect
+from celery_pglock.store.connections import connect
+from celery_pglock.store.database import Database
+from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")
 

@@ -36,13 +36,13 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.db import Database
 from celery_pglock.errors import DatabaseError, PgLockError, ReadOnlyServer, SessionGone
-from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import watch
 from celery_pglock.ledger import holder_application_name, record_skip
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.sessions import HOSTNAME, Connection, close_quietly
+from celery_pglock.store.connections import HOSTNAME, Connection, close_quietly
+from celery_pglock.store.database import Database
+from celery_pglock.store.failures import boundary
 
 Row = tuple[Any, ...]
 SlotLock = tuple[int, int] | None

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar, overload
 
 from celery_pglock.config import Settings, resolve_dsn
-from celery_pglock.db import Database, database
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseError,
@@ -34,13 +33,14 @@ from celery_pglock.errors import (
     SessionGone,
     WaitEnded,
 )
-from celery_pglock.failures import boundary
 from celery_pglock.keys import check_lock_name, check_slot, lock_key
 from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection, in_transaction
+from celery_pglock.store.connections import Connection, in_transaction
+from celery_pglock.store.database import Database, database
+from celery_pglock.store.failures import boundary
 from celery_pglock.values import SCOPES, Scope
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ from celery.exceptions import Ignore, Reject
 
 from celery_pglock import policy, rogue, runs, signals, turns
 from celery_pglock.config import TaskOptions, app_settings, enabled_setting, locked_app_wide
-from celery_pglock.db import Database, database, serving_tasks
 from celery_pglock.enqueue import SkippedResult, checks_enqueue, skipped_before_publish
 from celery_pglock.errors import (
     DatabaseError,
@@ -42,6 +41,7 @@ from celery_pglock.messages import (
 from celery_pglock.outage import OutageLog
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.states import SKIPPED
+from celery_pglock.store.database import Database, database, serving_tasks
 
 logger = logging.getLogger("celery_pglock")
 

@@ -26,13 +26,13 @@ from typing import Any
 from kombu import serialization
 from psycopg.types.json import Jsonb
 
-from celery_pglock.db import Database
 from celery_pglock.keys import waiting_lock
 from celery_pglock.ledger import RunQuery
 from celery_pglock.locks import acquire, release
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.slots import SLOT_PATTERN
+from celery_pglock.store.database import Database
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")

@@ -22,7 +22,12 @@ from celery.worker import state as worker_state
 
 from celery_pglock import policy
 from celery_pglock.config import Settings, app_settings
-from celery_pglock.db import (
+from celery_pglock.errors import ConfigurationError, PgLockError
+from celery_pglock.ledger import record_worker_lost
+from celery_pglock.messages import BUILTIN_PREFIX
+from celery_pglock.startup import refuse_to_start, wait_for_postgres
+from celery_pglock.store.connections import FIX_SCOPE, pooler_message
+from celery_pglock.store.database import (
     check_server,
     close_all,
     database,
@@ -30,11 +35,6 @@ from celery_pglock.db import (
     size_for_worker,
     waits_block_greenlets,
 )
-from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.ledger import record_worker_lost
-from celery_pglock.messages import BUILTIN_PREFIX
-from celery_pglock.sessions import FIX_SCOPE, pooler_message
-from celery_pglock.startup import refuse_to_start, wait_for_postgres
 from celery_pglock.task import PgLockMixin, locking
 
 logger = logging.getLogger("celery_pglock")

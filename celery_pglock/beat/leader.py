@@ -18,12 +18,10 @@ from collections.abc import Callable
 from celery_pglock import signals
 from celery_pglock.config import Settings
 from celery_pglock.errors import PgLockError
-from celery_pglock.failures import boundary
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.locks import lease_ms
-from celery_pglock.migrations import ensure_schema
 from celery_pglock.protocol import Claim, Lease
-from celery_pglock.sessions import (
+from celery_pglock.store.connections import (
     HOSTNAME,
     LEASE_MIN_SERVER_VERSION,
     Connection,
@@ -33,6 +31,8 @@ from celery_pglock.sessions import (
     connect,
     watch_client,
 )
+from celery_pglock.store.failures import boundary
+from celery_pglock.store.migrations import ensure_schema
 
 logger = logging.getLogger("celery_pglock.beat")
 

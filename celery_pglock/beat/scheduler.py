@@ -36,20 +36,20 @@ from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.sending import Confirmations, HeldStops, batched
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.config import TaskOptions
-from celery_pglock.db import check_server, database
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     PgLockError,
     SessionGone,
 )
-from celery_pglock.failures import boundary
 from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
-from celery_pglock.migrations import ensure_schema
 from celery_pglock.retention import AutoPrune
-from celery_pglock.sessions import FIX_BEAT, connect, pooler_message
 from celery_pglock.startup import StartupWait, refuse_to_start
+from celery_pglock.store.connections import FIX_BEAT, connect, pooler_message
+from celery_pglock.store.database import check_server, database
+from celery_pglock.store.failures import boundary
+from celery_pglock.store.migrations import ensure_schema
 
 logger = logging.getLogger("celery_pglock.beat")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery_pglock.config import Settings, app_settings, namespace_of, setting
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.sessions import HOSTNAME
+from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.values import CatchUp, catch_up_option, overdue_option
 
 logger = logging.getLogger("celery_pglock.beat")

@@ -36,9 +36,9 @@ from celery_pglock.config import app_settings
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection
 from celery_pglock.steering import actions, reads
 from celery_pglock.steering.apps import namespace
+from celery_pglock.store.connections import Connection
 
 # -- commands -----------------------------------------------------------------------------
 

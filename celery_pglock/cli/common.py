@@ -33,10 +33,10 @@ from celery_pglock.errors import (
     WaitEnded,
 )
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection
 from celery_pglock.steering.actions import NothingToDo
 from celery_pglock.steering.apps import lock_of
 from celery_pglock.steering.operator import Operator
+from celery_pglock.store.connections import Connection
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

@@ -22,9 +22,9 @@ from celery_pglock.beat.freshness import entries_freshness
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.ops import Row, fetch
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection
 from celery_pglock.steering.apps import Schedule, known_lock_names, namespace
 from celery_pglock.steering.reads import freshness_row
+from celery_pglock.store.connections import Connection
 
 STRIP = 48  # slots per entry on the overview
 PER_PAGE = 50  # entries per page of the overview

@@ -20,7 +20,6 @@ from celery_pglock.config import tables_of
 from celery_pglock.errors import ConfigurationError, NotPgLockScheduler
 from celery_pglock.ops import Row
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import Connection
 from celery_pglock.steering.apps import (
     Schedule,
     app_tasks,
@@ -31,6 +30,7 @@ from celery_pglock.steering.apps import (
     schedule_or_none,
     target,
 )
+from celery_pglock.store.connections import Connection
 
 
 def freshness_row(fresh: Freshness) -> Row:

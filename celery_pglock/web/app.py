@@ -34,9 +34,9 @@ from celery_pglock.errors import (
     UnknownEntry,
 )
 from celery_pglock.schema import Tables, statement
-from celery_pglock.sessions import Connection
 from celery_pglock.steering import history, operator, reads
 from celery_pglock.steering.apps import namespace
+from celery_pglock.store.connections import Connection
 from celery_pglock.web import actions, svg
 from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
 

@@ -23,8 +23,8 @@ from celery import signals as celery_signals
 from celery.result import AsyncResult
 
 from celery_pglock import SKIPPED, config, task
-from celery_pglock.db import close_all
 from celery_pglock.slots import format_slot
+from celery_pglock.store.database import close_all
 from tests.apps import testapp
 from tests.apps.harness import (
     configure_client,

@@ -33,8 +33,8 @@ from typing import Any
 
 import redis
 
-from celery_pglock.db import DEFAULT_POOL_SIZE
 from celery_pglock.keys import default_lock_name, lock_key
+from celery_pglock.store.database import DEFAULT_POOL_SIZE
 from tests.apps import testapp
 from tests.chaos import chaosapp, felt, invariants, liveness
 from tests.chaos.cluster import BEATS, POOLER_USER, RECORD_KEY, Cluster, alive

@@ -62,8 +62,8 @@ import pytest
 from psycopg import sql
 
 from celery_pglock.keys import lock_key, split_key
-from celery_pglock.migrations import ensure_schema
 from celery_pglock.schema import Tables
+from celery_pglock.store.migrations import ensure_schema
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
 from tests.chaos import chaosapp

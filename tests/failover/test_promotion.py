@@ -19,11 +19,11 @@ from psycopg import sql
 
 from celery_pglock import StaleToken, fence
 from celery_pglock.config import Settings
-from celery_pglock.db import Database, close_all
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
 from celery_pglock.schema import Tables
+from celery_pglock.store.database import Database, close_all
 from tests.failover.conftest import Cluster
 from tests.faults.workload import MEASUREMENTS, Report, Workload
 from tests.fixtures.procs import Procs

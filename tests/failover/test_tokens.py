@@ -17,10 +17,10 @@ import pytest
 
 from celery_pglock import StaleToken, fence
 from celery_pglock.config import Settings
-from celery_pglock.db import Database, close_all
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
+from celery_pglock.store.database import Database, close_all
 from celery_pglock.testing.replication import timeline
 from tests.failover.conftest import Cluster
 

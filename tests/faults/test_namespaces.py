@@ -20,10 +20,10 @@ from celery_pglock import PgLockTask
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.cli.command import pglock
 from celery_pglock.config import Settings
-from celery_pglock.db import Database, close_all, database
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
+from celery_pglock.store.database import Database, close_all, database
 
 pytestmark = pytest.mark.faults
 

@@ -15,10 +15,10 @@ from psycopg.conninfo import make_conninfo
 
 from celery_pglock import DatabaseUnavailable
 from celery_pglock.config import Settings
-from celery_pglock.db import Database, close_all
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
+from celery_pglock.store.database import Database, close_all
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps.harness import app_env
 from tests.fixtures.pg import started_embedded

@@ -23,13 +23,13 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.dsn import check_dsn
 from celery_pglock.errors import PgLockError
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
-from celery_pglock.sessions import connect
+from celery_pglock.store.connections import connect
+from celery_pglock.store.database import Database
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS, Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until

@@ -17,10 +17,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.keys import lock_key, split_key
 from celery_pglock.locks import acquire
 from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.store.database import Database
 from tests.fixtures.procs import wait_until
 
 Conn = psycopg.Connection[tuple[Any, ...]]

@@ -23,8 +23,8 @@ from celery import Celery
 from psycopg import sql
 
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.db import close_all
 from celery_pglock.schema import Tables
+from celery_pglock.store.database import close_all
 from tests.fixtures.procs import wait_until
 
 pytestmark = pytest.mark.integration

@@ -26,11 +26,11 @@ from celery_pglock import PgLockTask, controls, waiting
 from celery_pglock.cli.command import pglock
 from celery_pglock.cli.console import cli as console_cli
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.schema import latest_version
-from celery_pglock.sessions import HOSTNAME
+from celery_pglock.store.connections import HOSTNAME
+from celery_pglock.store.database import Database
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database

@@ -13,7 +13,6 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from celery_pglock.config import Settings
-from celery_pglock.db import check_server
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseMisconfigured,
@@ -21,9 +20,10 @@ from celery_pglock.errors import (
     SessionGone,
     StatementFailed,
 )
-from celery_pglock.failures import boundary
-from celery_pglock.sessions import connect
 from celery_pglock.startup import answering
+from celery_pglock.store.connections import connect
+from celery_pglock.store.database import check_server
+from celery_pglock.store.failures import boundary
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.pg import ROLE_PASSWORD, require_password, started_embedded
 

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import pytest
 
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.heartbeat import heartbeat
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released
+from celery_pglock.store.database import Database
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -49,7 +49,7 @@ HOLDER = textwrap.dedent(
     """
     import os, time
     from celery_pglock.config import Settings
-    from celery_pglock.db import database
+    from celery_pglock.store.database import database
     from celery_pglock.errors import LockLost
     from celery_pglock.keys import lock_key
     from celery_pglock.protocol import Claim

@@ -34,13 +34,13 @@ from hypothesis.stateful import (
 )
 
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.heartbeat import heartbeat
 from celery_pglock.keys import lock_key, split_key
 from celery_pglock.ledger import ABANDONED, FAILED, SUCCEEDED, record_outcome, sweep_orphans
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released
+from celery_pglock.store.database import Database
 from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (

@@ -12,13 +12,13 @@ import pytest
 
 from celery_pglock import keys, signals
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.errors import LockLost
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released, Skip
 from celery_pglock.runs import give_back_failed
+from celery_pglock.store.database import Database
 from celery_pglock.values import Scope
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (

@@ -23,13 +23,13 @@ from celery_pglock import ops, retention
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.config import Settings
-from celery_pglock.db import Database, close_all
 from celery_pglock.errors import ConfigurationError, SchemaMissing
 from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.ledger import FAILED, SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.schema import Tables
-from celery_pglock.sessions import HOSTNAME
+from celery_pglock.store.connections import HOSTNAME
+from celery_pglock.store.database import Database, close_all
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database, skipped
 
@@ -41,7 +41,7 @@ HOLDER_CODE = """
 import os, sys, threading
 from celery_pglock import signals
 from celery_pglock.config import Settings
-from celery_pglock.db import database
+from celery_pglock.store.database import database
 from celery_pglock.keys import lock_key
 from celery_pglock.protocol import Claim
 from celery_pglock.locks import acquire

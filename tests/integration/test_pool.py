@@ -9,14 +9,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from celery_pglock import db as db_module
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.keys import lock_key
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.runs import give_back_failed
+from celery_pglock.store import database as db_module
+from celery_pglock.store.database import Database
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -134,7 +134,7 @@ FORK_CHILD = textwrap.dedent(
     """
     import os, sys, time
     from celery_pglock.config import Settings
-    from celery_pglock.db import database
+    from celery_pglock.store.database import database
     from celery_pglock.keys import lock_key
     from celery_pglock.protocol import Claim
     from celery_pglock.locks import acquire

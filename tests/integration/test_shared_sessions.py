@@ -13,16 +13,16 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from celery_pglock import db as db_module
 from celery_pglock import ops
 from celery_pglock.cli import output
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.errors import LockLost, ReadOnlyServer, WaitEnded
 from celery_pglock.keys import lock_keys
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
+from celery_pglock.store import database as db_module
+from celery_pglock.store.database import Database
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

@@ -15,10 +15,10 @@ from psycopg.rows import dict_row
 
 from celery_pglock import SKIPPED, turns
 from celery_pglock.config import Settings
-from celery_pglock.db import Database
 from celery_pglock.ledger import SUCCEEDED
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.store.database import Database
 from celery_pglock.waiting import (
     ABANDON_PARAMS,
     MAX_SENDS,

@@ -22,7 +22,7 @@ def contract_layers() -> list[str]:
     [layers] = [
         contract["layers"]
         for contract in config["tool"]["importlinter"]["contracts"]
-        if contract["type"] == "layers"
+        if contract["name"] == "Imports point down the layers"
     ]
     return list(layers)
 

@@ -11,8 +11,8 @@ import pytest
 
 from celery_pglock.config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, ServerFull
-from celery_pglock.failures import translate
-from celery_pglock.pool import Pool
+from celery_pglock.store.failures import translate
+from celery_pglock.store.pool import Pool
 from celery_pglock.testing.processes import wait_until
 
 DSN = "postgresql://u@127.0.0.1/db"

@@ -30,8 +30,8 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock import unwaited
 from celery_pglock.errors import DatabaseUnavailable, ServerFull
+from celery_pglock.store import unwaited
 
 logger = logging.getLogger("celery_pglock")
 

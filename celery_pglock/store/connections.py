@@ -17,8 +17,8 @@ import psycopg
 
 from celery_pglock.config import Settings
 from celery_pglock.dsn import redact
-from celery_pglock.failures import boundary, read_only
 from celery_pglock.schema import statement
+from celery_pglock.store.failures import boundary, read_only
 
 logger = logging.getLogger("celery_pglock")
 

@@ -18,15 +18,11 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import waiting
 
-from celery_pglock import unwaited
 from celery_pglock.config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseError, ServerFull
-from celery_pglock.failover import Recall
-from celery_pglock.failures import boundary
-from celery_pglock.migrations import ensure_schema
-from celery_pglock.pool import Pool
 from celery_pglock.schema import statement
-from celery_pglock.sessions import (
+from celery_pglock.store import unwaited
+from celery_pglock.store.connections import (
     FIX_SCOPE,
     LEASE_MIN_SERVER_VERSION,
     Connection,
@@ -39,6 +35,10 @@ from celery_pglock.sessions import (
     transaction_pooled,
     watch_client,
 )
+from celery_pglock.store.failover import Recall
+from celery_pglock.store.failures import boundary
+from celery_pglock.store.migrations import ensure_schema
+from celery_pglock.store.pool import Pool
 
 logger = logging.getLogger("celery_pglock")
 
@@ -152,7 +152,7 @@ class Database:
         self.transaction_pooled = False  # behind PgBouncer pool_mode=transaction (or alike)
         # What the role/database configured (a DBA may set these); restored after a run.
         self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
-        self.recall = Recall()  # for after a failover (celery_pglock.failover)
+        self.recall = Recall()  # for after a failover (celery_pglock.store.failover)
         # The process's shared sessions (``celery_pglock.shared``), made on first use.
         self.shared_sessions: object | None = None
         self.shared_lock = threading.Lock()

@@ -1,0 +1,11 @@
+"""Where the library talks to PostgreSQL: connections and what their errors mean.
+
+- ``database``: one process's pool for a set of settings, fork safety, reuse;
+- ``pool``: the connections of a process, capped, handed over in order, closed when idle;
+- ``connections``: one connection: connect, label, check, close;
+- ``failover``: the successes a process recalls, checked after a promotion;
+- ``migrations``: the schema's migrations, applied under a lock;
+- ``failures``: a driver error becomes the library's (session gone, outage,
+  misconfiguration, read-only, wait ended, statement failed), decided once;
+- ``unwaited``: a statement sent without waiting for its reply.
+"""
