@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 from celery_pglock.keys import lock_key
 from celery_pglock.ops import Row, fetch, jsonable, locks, require_tables
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 
 MANUAL_PREFIX = "manual:"
 

@@ -19,8 +19,9 @@ from psycopg.rows import dict_row
 from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseUnavailable, WaitEnded
 from celery_pglock.protocol import Claim, Skip
-from celery_pglock.store.connections import Connection, connect
+from celery_pglock.store.connections import connect
 from celery_pglock.store.database import Database
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")

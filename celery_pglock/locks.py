@@ -33,8 +33,9 @@ from celery_pglock.ledger import (
 )
 from celery_pglock.protocol import Claim, Lease, Released, Skip
 from celery_pglock.store import unwaited
-from celery_pglock.store.connections import Connection, application_name, connect, in_transaction
+from celery_pglock.store.connections import application_name, connect, in_transaction
 from celery_pglock.store.database import Database
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 from celery_pglock.values import Scope
 

@@ -33,7 +33,8 @@ from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
 from celery_pglock.store import migrations
-from celery_pglock.store.connections import Connection, connect
+from celery_pglock.store.connections import connect
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")

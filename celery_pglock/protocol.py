@@ -19,7 +19,8 @@ from celery_pglock.errors import DatabaseError, LockLost, SessionGone
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.schema import statement
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
-from celery_pglock.store.connections import HOSTNAME, Connection
+from celery_pglock.store.connections import HOSTNAME
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 from celery_pglock.values import Scope
 

@@ -28,7 +28,8 @@ from typing import Any
 from celery_pglock.config import Settings, setting
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import Connection, connect
+from celery_pglock.store.connections import connect
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")

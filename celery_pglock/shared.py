@@ -40,8 +40,9 @@ from celery_pglock.errors import DatabaseError, PgLockError, ReadOnlyServer, Ses
 from celery_pglock.heartbeat import watch
 from celery_pglock.ledger import holder_application_name, record_skip
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.store.connections import HOSTNAME, Connection, close_quietly
+from celery_pglock.store.connections import HOSTNAME, close_quietly
 from celery_pglock.store.database import Database
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 
 Row = tuple[Any, ...]

@@ -38,8 +38,9 @@ from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import Connection, in_transaction
+from celery_pglock.store.connections import in_transaction
 from celery_pglock.store.database import Database, database
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 from celery_pglock.values import SCOPES, Scope
 

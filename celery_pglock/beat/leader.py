@@ -24,13 +24,13 @@ from celery_pglock.protocol import Claim, Lease
 from celery_pglock.store.connections import (
     HOSTNAME,
     LEASE_MIN_SERVER_VERSION,
-    Connection,
     application_name,
     cancel_quietly,
     close_quietly,
     connect,
     watch_client,
 )
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 from celery_pglock.store.migrations import ensure_schema
 

@@ -38,7 +38,7 @@ from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.steering import actions, reads
 from celery_pglock.steering.apps import namespace
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 
 # -- commands -----------------------------------------------------------------------------
 

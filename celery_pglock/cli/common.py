@@ -36,7 +36,7 @@ from celery_pglock.schema import Tables
 from celery_pglock.steering.actions import NothingToDo
 from celery_pglock.steering.apps import lock_of
 from celery_pglock.steering.operator import Operator
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

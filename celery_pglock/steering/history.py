@@ -24,7 +24,7 @@ from celery_pglock.ops import Row, fetch
 from celery_pglock.schema import Tables
 from celery_pglock.steering.apps import Schedule, known_lock_names, namespace
 from celery_pglock.steering.reads import freshness_row
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 
 STRIP = 48  # slots per entry on the overview
 PER_PAGE = 50  # entries per page of the overview

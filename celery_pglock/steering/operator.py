@@ -19,7 +19,8 @@ from celery_pglock.config import app_settings
 from celery_pglock.schema import Tables
 from celery_pglock.startup import wait_for_postgres
 from celery_pglock.steering.apps import target
-from celery_pglock.store.connections import Connection, connect
+from celery_pglock.store.connections import connect
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 
 LABEL_BYTES = 63  # PostgreSQL keeps this much of an application_name

@@ -30,7 +30,7 @@ from celery_pglock.steering.apps import (
     schedule_or_none,
     target,
 )
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 
 
 def freshness_row(fresh: Freshness) -> Row:

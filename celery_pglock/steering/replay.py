@@ -22,7 +22,7 @@ from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.ops import Row
 from celery_pglock.schema import Tables
 from celery_pglock.steering.apps import Schedule, send
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 
 if TYPE_CHECKING:
     from celery_pglock.steering.operator import Operator

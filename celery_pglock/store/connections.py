@@ -18,11 +18,11 @@ import psycopg
 from celery_pglock.config import Settings
 from celery_pglock.dsn import redact
 from celery_pglock.schema import statement
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary, read_only
 
 logger = logging.getLogger("celery_pglock")
 
-Connection = psycopg.Connection[Any]
 
 TCP_USER_TIMEOUT_MS = 30_000
 LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14

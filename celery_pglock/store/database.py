@@ -25,7 +25,6 @@ from celery_pglock.store import unwaited
 from celery_pglock.store.connections import (
     FIX_SCOPE,
     LEASE_MIN_SERVER_VERSION,
-    Connection,
     check_writable,
     connect,
     in_transaction,
@@ -35,6 +34,7 @@ from celery_pglock.store.connections import (
     transaction_pooled,
     watch_client,
 )
+from celery_pglock.store.driver import Connection
 from celery_pglock.store.failover import Recall
 from celery_pglock.store.failures import boundary
 from celery_pglock.store.migrations import ensure_schema

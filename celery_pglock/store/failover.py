@@ -18,13 +18,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import psycopg
-
 from celery_pglock.schema import Tables
+from celery_pglock.store.driver import Connection
 
 logger = logging.getLogger("celery_pglock")
 
-Connection = psycopg.Connection[Any]
 
 RECALL_SECONDS = 300.0  # far beyond any replication lag a failover manager accepts
 RECALL_LIMIT = 1000  # successes per process; the oldest are forgotten first

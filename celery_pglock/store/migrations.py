@@ -4,18 +4,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-import psycopg
 from psycopg import sql
 
 from celery_pglock import schema
 from celery_pglock.errors import SchemaMissing
 from celery_pglock.keys import lock_key
+from celery_pglock.store.driver import Connection
 
 logger = logging.getLogger("celery_pglock")
-
-Connection = psycopg.Connection[Any]
 
 
 def migration_key(tables: schema.Tables) -> int:

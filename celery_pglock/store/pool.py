@@ -26,16 +26,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
 from celery_pglock.errors import DatabaseUnavailable, ServerFull
 from celery_pglock.store import unwaited
+from celery_pglock.store.driver import Connection
 
 logger = logging.getLogger("celery_pglock")
 
-Connection = psycopg.Connection[Any]
 
 FULL_PAUSE = 1.0  # after the server refused a connection: wait for ours meanwhile
 RETRY_FULL = 0.2  # holding none, how often to try again while the server is full

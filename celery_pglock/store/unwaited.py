@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import select
 from collections.abc import Sequence
-from typing import Any
 
 import psycopg
 from psycopg import pq
 
-Connection = psycopg.Connection[Any]
+from celery_pglock.store.driver import Connection
 
 TUPLES_OK = pq.ExecStatus.TUPLES_OK
 

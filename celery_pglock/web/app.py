@@ -36,7 +36,7 @@ from celery_pglock.errors import (
 from celery_pglock.schema import Tables, statement
 from celery_pglock.steering import history, operator, reads
 from celery_pglock.steering.apps import namespace
-from celery_pglock.store.connections import Connection
+from celery_pglock.store.driver import Connection
 from celery_pglock.web import actions, svg
 from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
 
