@@ -20,19 +20,18 @@ from celery_pglock.cli.common import (
     EXIT_NOT_FOUND,
     NotFound,
     Refused,
+    connection,
     current_app,
     json_option,
     operator_of,
     reported_errors,
     resolve_lock,
-    session,
-    tables_of,
 )
 from celery_pglock.cli.controls import pause, resume, trigger, why
 from celery_pglock.cli.entries import BY_HELP
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.cli.web import web
-from celery_pglock.config import app_settings
+from celery_pglock.config import app_settings, tables_of
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
@@ -59,7 +58,7 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
     With LOCK (a lock or task name), only that lock; exit 1 if nobody holds it.
     """
     app = current_app(ctx)
-    with reported_errors(), session(app) as (conn, tables):
+    with reported_errors(), connection(app) as (conn, tables):
         if lock is not None:
             _one_lock_status(conn, tables, app, resolve_lock(app, lock), as_json)
             return
@@ -126,7 +125,7 @@ def runs(
 ) -> None:
     """Run history from the ledger, newest first; exit 1 if nothing matches."""
     app = current_app(ctx)
-    with reported_errors(), session(app) as (conn, tables):
+    with reported_errors(), connection(app) as (conn, tables):
         found = ops.runs(conn, tables, task=task, since=since, state=state, limit=limit)
     if as_json:
         output.echo_json(found)
@@ -147,7 +146,7 @@ def migrate(ctx: click.Context, print_sql: bool, as_json: bool) -> None:
     app = current_app(ctx)
     if print_sql:
         with reported_errors():
-            click.echo(tables_of(app).full_schema_sql(), nl=False)
+            click.echo(tables_of(app.conf).full_schema_sql(), nl=False)
         return
     with reported_errors():
         done = ops.migrate(app_settings(app))
@@ -174,7 +173,7 @@ def prune(
     scope = None if any_namespace else namespace(app)
     with reported_errors():
         age = _retention(app, older_than)
-        with session(app) as (conn, tables):
+        with connection(app) as (conn, tables):
             ops.require_tables(conn, tables)
             done = retention.prune(conn, tables, age, batch=batch, namespace=scope)
     if as_json:

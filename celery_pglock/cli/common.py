@@ -24,7 +24,6 @@ import click
 from celery import Celery
 
 from celery_pglock import ops
-from celery_pglock.config import tables_of as config_tables
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -75,7 +74,7 @@ class Forbidden(click.ClickException):
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Library errors (the driver's are translated where they are met: ``session``) as
+    """Library errors (the driver's are translated where they are met: ``connection``) as
     one clean line and an exit code; their messages never hold the password."""
     try:
         yield
@@ -117,13 +116,8 @@ def resolve_lock(app: Celery, name: str) -> str:
         raise click.BadParameter(str(exc), param_hint="NAME") from None
 
 
-def tables_of(app: Celery) -> Tables:
-    """The app's tables from its settings, without needing a DSN."""
-    return config_tables(app.conf)
-
-
 @contextmanager
-def session(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Tables]]:
+def connection(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Tables]]:
     """A connection labelled with the operator (``pg_stat_activity``, server logs);
     ``wait``: waiting for PostgreSQL if it is away (long-running commands)."""
     with operator_of(app, None, wait=wait).connection() as opened:

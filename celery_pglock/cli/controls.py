@@ -13,12 +13,12 @@ import click
 from celery_pglock import ops
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
+    connection,
     current_app,
     json_option,
     operator_of,
     reported_errors,
     resolve_lock,
-    session,
 )
 from celery_pglock.cli.entries import BY_HELP, checked
 from celery_pglock.steering import actions, reads, replay
@@ -115,7 +115,7 @@ def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
     """Everything known about one slot of NAME (a beat entry, a task or a lock name):
     was it due, claimed and sent, every attempt and skip, the lock's holder, the audit."""
     app = current_app(ctx)
-    with reported_errors(), session(app) as (conn, _):
+    with reported_errors(), connection(app) as (conn, _):
         found = reads.why(app, conn, name, slot, resolve=lambda given: resolve_lock(app, given))
     if as_json:
         output.echo_json(ops.jsonable(found))

@@ -1,7 +1,7 @@
 """The dashboard as a WSGI application: pages (server-rendered HTML, inline SVG, no
 JavaScript), their JSON twins under ``/api/``, and the actions (``web/actions.py``).
 
-Each request opens its own labelled session (JIT off: a named statement), reads through
+Each request opens its own labelled connection (JIT off: a named statement), reads through
 ``celery_pglock.steering`` and closes it. Every page and response carries the headers of
 ``web/security.py``; templates escape every value (Jinja2's autoescape), so a beat entry
 named ``<script>…`` shows as text. No DSN or password is ever rendered: errors are the
@@ -130,10 +130,10 @@ class Dashboard:
         response.headers.update(HEADERS)
         return response
 
-    # -- the session ---------------------------------------------------------------------
+    # -- the connection ------------------------------------------------------------------
 
     @contextmanager
-    def session(self) -> Iterator[tuple[Connection, Tables]]:
+    def connection(self) -> Iterator[tuple[Connection, Tables]]:
         with operator.connection(self.app, actions.LABEL) as (conn, tables):
             conn.execute(statement("web_jit_off"))
             yield conn, tables
@@ -141,13 +141,13 @@ class Dashboard:
     # -- pages ---------------------------------------------------------------------------
 
     def on_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
-        with self.session() as (conn, tables):
+        with self.connection() as (conn, tables):
             found = history.overview(self.app, conn, tables, page=_page(request))
         strips = {entry["entry"]: svg.strip_svg(entry["strip"]) for entry in found["entries"]}
         return self.page(request, urls, identity, "overview.html", found=found, strips=strips)
 
     def on_api_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
-        with self.session() as (conn, tables):
+        with self.connection() as (conn, tables):
             return _json(history.overview(self.app, conn, tables, page=_page(request)))
 
     def _entry(self, request: Request, name: str) -> dict[str, Any]:
@@ -155,7 +155,7 @@ class Dashboard:
         page = max(0, _int(request.args.get("page"), 0))
         until = datetime.now(timezone.utc)
         since = until - timedelta(hours=hours)
-        with self.session() as (conn, tables):
+        with self.connection() as (conn, tables):
             found = history.entry_history(
                 self.app, conn, tables, name, since=since, until=until, page=page
             )
@@ -184,7 +184,7 @@ class Dashboard:
         name, slot = request.args.get("name", ""), request.args.get("slot", "")
         if not name or not slot:
             raise ConfigurationError("give name (an entry, task or lock) and slot")
-        with self.session() as (conn, _):
+        with self.connection() as (conn, _):
             return reads.why(self.app, conn, name, slot)
 
     def on_slot(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
@@ -198,7 +198,7 @@ class Dashboard:
 
     def _status(self, request: Request) -> reads.StatusView:
         skips = max(0, _int(request.args.get("skips"), 10))
-        with self.session() as (conn, tables):
+        with self.connection() as (conn, tables):
             return reads.status(self.app, conn, tables, skips=skips)
 
     def on_locks(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
@@ -211,7 +211,7 @@ class Dashboard:
     def _audit(self, request: Request) -> dict[str, Any]:
         page = max(0, _int(request.args.get("page"), 0))
         entry = request.args.get("entry") or None
-        with self.session() as (conn, tables):
+        with self.connection() as (conn, tables):
             rows = history.audit_trail(
                 conn,
                 tables,
