@@ -27,7 +27,7 @@ HEARTBEAT_STOP_WAIT = 2.0
 
 def ping(lease: Lease) -> None:
     """One heartbeat; marks the lease lost if the server ended the session."""
-    conn = lease.session
+    conn = lease.lock_connection
     shared = lease.shared
     # A shared session that answered lately (another run's statement or ping) is not
     # idle either: one ping keeps all of its runs' locks.

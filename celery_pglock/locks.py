@@ -175,7 +175,7 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     lease.released = True
     if lease.shared is not None:
         return _release_shared(db, lease, state, reason)
-    conn = lease.session
+    conn = lease.lock_connection
     if _release_unwaited(db, lease):
         return Released(recorded=False, lost=lease.known_lost)
     session = lease.scope == "session" and db.lease_supported
@@ -222,7 +222,7 @@ def _release_shared(db: Database, lease: Lease, state: str, reason: str | None) 
 
 def _release_unwaited(db: Database, lease: Lease) -> bool:
     """Send a mutex-only release without waiting; False when it must be waited for."""
-    conn = lease.session
+    conn = lease.lock_connection
     if lease.scope != "session" or lease.claim.slot is not None:
         return False  # an outcome to record, or a transaction to commit
     if conn.closed or in_transaction(conn) or not unwaited.quiet(conn):

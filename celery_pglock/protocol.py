@@ -142,7 +142,7 @@ class Lease:
 
     claim: Claim
     scope: Scope
-    session: Connection  # the server session that holds the lock
+    lock_connection: Connection  # its server session holds the lock
     token: int
     attempts: int | None
     lease_seconds: float | None  # the server-enforced lease; None: off
@@ -151,7 +151,7 @@ class Lease:
     # When the server last answered on the lock's connection (the grant, a ping, a check).
     confirmed: float = field(default_factory=time.monotonic)
     released: bool = False  # release began: the heartbeat must not use the connection
-    # Set when ``session`` is shared by the process's runs (``shared``): the body then
+    # Set when ``lock_connection`` is shared by the process's runs (``shared``): the body then
     # gets a connection of its own (``lent``), never the shared session.
     shared: SharedSession | None = None
     lent: Connection | None = None
@@ -167,7 +167,17 @@ class Lease:
         (a session-scope lock never shares its connection with other code)."""
         if self.shared is not None:
             return self.shared.lend(self)
-        return self.session
+        return self.lock_connection
+
+    @property
+    def session(self) -> Connection:
+        """Deprecated (0.2): ``lock_connection``; the body's is ``connection``."""
+        warnings.warn(
+            "Lease.session is deprecated, use Lease.lock_connection",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.lock_connection
 
     @property
     def slot(self) -> str | None:
@@ -207,8 +217,8 @@ class Lease:
         # The caller's thread is not using the connection (it is the body's own, or the
         # body's thread is the caller), so waiting for its lock waits only for a ping.
         try:
-            with boundary(conn=self.session):
-                self.session.execute(PING_SQL)
+            with boundary(conn=self.lock_connection):
+                self.lock_connection.execute(PING_SQL)
         except DatabaseError as exc:
             judge_failure(self, exc)
         else:

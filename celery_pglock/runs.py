@@ -71,7 +71,7 @@ def _record_transaction_failure(db: Database, lease: Lease, reason: str) -> None
     """The body failed: its claim rolls back with it; record the failed attempt. When the
     lock's connection itself died, on a fresh one: the rollback on the dead one raises,
     and the slot's row would stay as it was for good."""
-    conn = lease.session
+    conn = lease.lock_connection
     try:
         with boundary(db.settings, conn):
             conn.rollback()
@@ -88,7 +88,7 @@ def give_back_failed(db: Database, lease: Lease) -> None:
     the heartbeat stops, and the pool's reset frees whatever locks the body took."""
     if lease.lease_seconds is not None:
         unwatch(lease)
-    db.putconn(lease.session, clean=False)
+    db.putconn(lease.lock_connection, clean=False)
 
 
 __all__ = ["give_back_failed", "settle_failure", "settle_success"]

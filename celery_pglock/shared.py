@@ -314,7 +314,7 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
             "disarm_ms": params["disarm_ms"] if last else None,
             "idle_application_name": params["idle_application_name"] if last else None,
         }
-        conn = lease.session
+        conn = lease.lock_connection
         try:
             if conn is not session.conn:
                 raise SessionGone("the shared session ended before the release")

@@ -71,7 +71,7 @@ class LeaderElection:
     def connection(self) -> Connection | None:
         """The leader's connection, for claims that must only succeed while leading."""
         lease = self._lease
-        return lease.session if lease is not None else None
+        return lease.lock_connection if lease is not None else None
 
     def is_leader(self) -> bool:
         lease = self._lease
@@ -95,7 +95,7 @@ class LeaderElection:
         if lease is None:
             return
         unwatch(lease)
-        close_quietly(lease.session)
+        close_quietly(lease.lock_connection)
         logger.warning(
             "beat replica %s stepped down as leader: %s",
             replica_name(),
@@ -114,7 +114,7 @@ class LeaderElection:
         lease, self._lease = self._lease, None
         if lease is not None:
             unwatch(lease)
-            close_quietly(lease.session)
+            close_quietly(lease.lock_connection)
         self._standby.set()
 
     def _run(self) -> None:

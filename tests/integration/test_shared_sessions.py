@@ -75,7 +75,7 @@ def test_runs_holding_locks_at_once_share_one_session(
         assert release(db, lease, SUCCEEDED).recorded
 
     assert [] == run_threads(THREADS, hold)
-    backends = {lease.session.info.backend_pid for lease in leases}
+    backends = {lease.lock_connection.info.backend_pid for lease in leases}
     assert 1 == len(backends)
     assert [1] == sorted(set(peak))
     assert 0 == advisory_locks_of(pg_conn, backends.pop())
@@ -137,12 +137,12 @@ def test_concurrency_keys_and_slots_on_one_session(db: Database, pg_conn: Conn, 
 
     assert first.claim.key != second.claim.key
     assert ("locked", "locked") == (again.reason, third.reason)
-    assert first.session is second.session
+    assert first.lock_connection is second.lock_connection
     assert release(db, first, SUCCEEDED).recorded
     fourth = granted(acquire(db, concurrent(job, "3"), "session", 30.0))
     assert release(db, second, SUCCEEDED).recorded
     assert release(db, fourth, SUCCEEDED).recorded
-    assert 0 == advisory_locks_of(pg_conn, first.session.info.backend_pid)
+    assert 0 == advisory_locks_of(pg_conn, first.lock_connection.info.backend_pid)
 
 
 def test_a_done_slot_frees_only_what_its_try_took(db: Database, pg_conn: Conn, job: str) -> None:
@@ -152,7 +152,7 @@ def test_a_done_slot_frees_only_what_its_try_took(db: Database, pg_conn: Conn, j
     other = granted(acquire(db, claim(f"{job}-other", "s"), "session", 30.0))
 
     assert "done" == skipped(acquire(db, claim(job, "s"), "session", 30.0)).reason
-    backend = other.session.info.backend_pid
+    backend = other.lock_connection.info.backend_pid
     assert [backend] == lock_holders(pg_conn, f"{job}-other")
     assert [] == lock_holders(pg_conn, job)
     assert release(db, other, SUCCEEDED).recorded
@@ -163,14 +163,14 @@ def test_an_ended_session_loses_every_lock_on_it_and_the_next_run_gets_a_new_one
 ) -> None:
     first = granted(acquire(db, claim(f"{job}-1", "s"), "session", 30.0))
     second = granted(acquire(db, claim(f"{job}-2", "s"), "session", 30.0))
-    backend = first.session.info.backend_pid
+    backend = first.lock_connection.info.backend_pid
     pg_conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
     wait_until(lambda: not alive(pg_conn, {backend}), timeout=10, message="the session ended")
 
     with pytest.raises(LockLost):
         first.check()
     third = granted(acquire(db, claim(f"{job}-3", "s"), "session", 30.0))
-    assert third.session.info.backend_pid != backend
+    assert third.lock_connection.info.backend_pid != backend
     assert second.known_lost  # the new session's first statement found the old one gone
 
     for lease in (first, second):  # recorded afterwards on another connection: nobody took over
@@ -186,7 +186,7 @@ def test_a_body_gets_a_connection_of_its_own(db: Database, pg_conn: Conn, job: s
     lease = granted(acquire(db, claim(job, "s"), "session", 30.0))
     other = granted(acquire(db, claim(f"{job}-other", "s"), "session", 30.0))
     body = lease.connection
-    assert body is not lease.session
+    assert body is not lease.lock_connection
     assert body is lease.connection  # the same one for the whole run
     body.execute("SELECT pg_advisory_lock(4242, 4242)")
     body.execute("BEGIN")
@@ -195,7 +195,7 @@ def test_a_body_gets_a_connection_of_its_own(db: Database, pg_conn: Conn, job: s
 
     assert release(db, lease, SUCCEEDED).recorded
     assert 0 == advisory_locks_of(pg_conn, backend)
-    assert [other.session.info.backend_pid] == lock_holders(pg_conn, f"{job}-other")
+    assert [other.lock_connection.info.backend_pid] == lock_holders(pg_conn, f"{job}-other")
     assert release(db, other, SUCCEEDED).recorded
 
 
@@ -209,7 +209,7 @@ def test_off_runs_keep_a_connection_each(
         assert not plain.shares_sessions
         first = granted(acquire(plain, claim(f"{job}-1"), "session", 30.0))
         second = granted(acquire(plain, claim(f"{job}-2"), "session", 30.0))
-        assert first.session is not second.session
+        assert first.lock_connection is not second.lock_connection
         release(plain, first, SUCCEEDED)
         release(plain, second, SUCCEEDED)
 
@@ -247,7 +247,7 @@ def test_a_lock_statement_cut_short_leaves_no_lock_on_the_session(
     with open_database(Settings(dsn=dsn, schema=pglock_schema)) as db:
         assert release(db, granted(acquire(db, claim(job, "a"), "session", 30.0)), SUCCEEDED)
         other = granted(acquire(db, claim(f"{job}-other", "s"), "session", 30.0))
-        backend = other.session.info.backend_pid
+        backend = other.lock_connection.info.backend_pid
         blocker = psycopg.connect(pg_dsn)
         try:
             query = db.tables.render("SELECT 1 FROM {holders} WHERE lock_key = %s FOR UPDATE")
@@ -286,7 +286,7 @@ def test_a_shared_session_on_a_server_that_takes_no_writes_is_ended(
     the claim fails as ReadOnlyServer, the session is ended with its locks, and the next
     claim opens a new one (which, behind a multi-host DSN, reaches the new primary)."""
     holder = granted(acquire(db, claim(f"{job}-1", "s"), "session", 30.0))
-    shared = holder.session
+    shared = holder.lock_connection
     shared.execute("SET default_transaction_read_only = on")  # as a demoted server answers
 
     with pytest.raises(ReadOnlyServer):
@@ -296,7 +296,7 @@ def test_a_shared_session_on_a_server_that_takes_no_writes_is_ended(
     # The server ends the closed session's backend a moment later (under load, visibly).
     wait_until(lambda: not lock_holders(pg_conn, f"{job}-1"), timeout=10, message="freed")
     again = granted(acquire(db, claim(f"{job}-2", "s"), "session", 30.0))
-    assert again.session is not shared
+    assert again.lock_connection is not shared
     assert release(db, again, SUCCEEDED).recorded
     assert release(db, holder, SUCCEEDED).lost
 
@@ -308,7 +308,7 @@ def test_a_new_session_goes_back_to_the_pool_while_a_lost_run_still_runs(
     once that run is released, goes back to the pool disarmed: the lost run is not
     counted as one of its holders."""
     first = granted(acquire(db, claim(f"{job}-1", "s"), "session", 30.0))
-    backend = first.session.info.backend_pid
+    backend = first.lock_connection.info.backend_pid
     pg_conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
     wait_until(lambda: not alive(pg_conn, {backend}), timeout=10, message="the session ended")
 
