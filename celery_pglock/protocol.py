@@ -127,7 +127,7 @@ class Skip:
         return self.lock_name
 
 
-class SharedSession(Protocol):
+class Lender(Protocol):
     """What a lease on a session shared by a process's runs (``shared``) asks of it."""
 
     answered: float  # when the server last answered on the session (time.monotonic)
@@ -153,7 +153,7 @@ class Lease:
     released: bool = False  # release began: the heartbeat must not use the connection
     # Set when ``lock_connection`` is shared by the process's runs (``shared``): the body then
     # gets a connection of its own (``lent``), never the shared session.
-    shared: SharedSession | None = None
+    shared: Lender | None = None
     lent: Connection | None = None
 
     @property

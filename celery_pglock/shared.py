@@ -50,7 +50,7 @@ SlotLock = tuple[int, int] | None
 ACTIVE = psycopg.pq.TransactionStatus.ACTIVE
 
 
-class Session:
+class SharedConnection:
     """One shared server session and the leases of the runs holding a lock on it."""
 
     def __init__(self, db: Database) -> None:
@@ -76,20 +76,20 @@ class Held:
     since: str  # when it was granted (ISO 8601, UTC), for a skip naming its holder
 
 
-class Sessions:
+class Sharing:
     """A process's shared sessions for one ``Database``, and the locks its runs hold."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
         self.turn = threading.Lock()
-        self._by_lease: dict[str | None, Session] = {}  # by the lease armed on them
+        self._by_lease: dict[str | None, SharedConnection] = {}  # by the lease armed on them
         self._keys: dict[int, Held] = {}  # lock key -> the run holding it
         self._slot_locks: dict[tuple[int, int], Held] = {}
 
-    def session(self, armed: str | None) -> Session:
+    def connection_for(self, armed: str | None) -> SharedConnection:
         found = self._by_lease.get(armed)
         if found is None:
-            found = self._by_lease[armed] = Session(self.db)
+            found = self._by_lease[armed] = SharedConnection(self.db)
         return found
 
     def holder(self, claim: Claim, slot: SlotLock) -> Held | None:
@@ -107,53 +107,55 @@ class Sessions:
         # the slot's own lock first (``try_lock_any`` runs for more than one key).
         return keys * 2 if claim.keys and len(keys) == 1 else keys
 
-    def hold(self, lease: Lease, session: Session, slot: SlotLock) -> None:
+    def hold(self, lease: Lease, shared_conn: SharedConnection, slot: SlotLock) -> None:
         held = Held(lease, datetime.now(timezone.utc).isoformat())
-        session.leases[id(lease)] = lease
+        shared_conn.leases[id(lease)] = lease
         self._keys[lease.claim.key] = held
         if slot is not None:
             self._slot_locks[slot] = held
 
-    def forget(self, lease: Lease, session: Session, slot: SlotLock) -> None:
-        session.leases.pop(id(lease), None)
+    def forget(self, lease: Lease, shared_conn: SharedConnection, slot: SlotLock) -> None:
+        shared_conn.leases.pop(id(lease), None)
         if (found := self._keys.get(lease.claim.key)) and found.lease is lease:
             del self._keys[lease.claim.key]
         if slot is not None and (found := self._slot_locks.get(slot)) and found.lease is lease:
             del self._slot_locks[slot]
 
-    def connect(self, session: Session) -> Connection:
+    def connect(self, shared_conn: SharedConnection) -> Connection:
         """The session's connection, taken from the pool if it has none (turn held)."""
-        if session.conn is None:
+        if shared_conn.conn is None:
             conn = self.db.getconn()
             if not conn.autocommit:  # a transaction-scope run gave it back idle
                 conn.autocommit = True
-            session.conn = conn
-        return session.conn
+            shared_conn.conn = conn
+        return shared_conn.conn
 
-    def drop(self, session: Session, cause: str) -> None:
+    def drop(self, shared_conn: SharedConnection, cause: str) -> None:
         """End the session (it ended, reaches a standby, or its state is unknown after an
         interrupted statement): every lock on it is lost, none is left behind."""
-        conn, session.conn = session.conn, None
+        conn, shared_conn.conn = shared_conn.conn, None
         if conn is not None:
             close_quietly(conn)  # its session ends: the server frees whatever it held
             self.db.putconn(conn, clean=False)  # closed: the pool forgets it
-        lost, session.leases = list(session.leases.values()), {}
+        lost, shared_conn.leases = list(shared_conn.leases.values()), {}
         for lease in lost:  # their keys stay taken here until each run's release
             lease.mark_lost(cause)
 
-    def drop_if_unusable(self, session: Session, conn: Connection, exc: BaseException) -> None:
+    def drop_if_unusable(
+        self, shared_conn: SharedConnection, conn: Connection, exc: BaseException
+    ) -> None:
         """After ``exc`` on the session's ``conn``: end the session if it is gone, reaches a
         server that takes no writes (a demoted primary: the next session may reach the new
         one), or was cut off mid-statement (its state, locks included, is unknown)."""
         if isinstance(exc, (SessionGone, ReadOnlyServer)):
-            self.drop(session, f"the shared session ended: {exc.cause or exc}")
+            self.drop(shared_conn, f"the shared session ended: {exc.cause or exc}")
         elif conn.info.transaction_status == ACTIVE or conn.broken:
-            self.drop(session, "a statement on the shared session was cut off")
+            self.drop(shared_conn, "a statement on the shared session was cut off")
 
-    def unlock(self, session: Session, keys: list[int], slot: SlotLock) -> None:
+    def unlock(self, shared_conn: SharedConnection, keys: list[int], slot: SlotLock) -> None:
         """Free ``keys`` and ``slot`` on the session, which no run of the process holds
         (turn held); if that fails, end the session rather than leave them held."""
-        conn = session.conn
+        conn = shared_conn.conn
         if conn is None:
             return  # ended: nothing of it is held any more
         params = {"keys": sorted(set(keys)), "slot_lock": list(slot) if slot else None}
@@ -161,51 +163,53 @@ class Sessions:
             with boundary(self.db.settings, conn):
                 conn.execute(self.db.tables.query("unlock_shared"), params)
         except DatabaseError as exc:
-            self.drop(session, f"freeing a lock on the shared session failed: {exc}")
+            self.drop(shared_conn, f"freeing a lock on the shared session failed: {exc}")
         except BaseException:
-            self.drop(session, "freeing a lock on the shared session was cut off")
+            self.drop(shared_conn, "freeing a lock on the shared session was cut off")
             raise
 
-    def give_back(self, session: Session, *, disarmed: bool) -> None:
+    def give_back(self, shared_conn: SharedConnection, *, disarmed: bool) -> None:
         """Return an unused session's connection to the pool (turn held). ``disarmed``:
         the last release put the lease and the label back; else (a skip's try may have
         armed them) the pool's reset does."""
-        if session.leases or session.conn is None:
+        if shared_conn.leases or shared_conn.conn is None:
             return
-        conn, session.conn = session.conn, None
+        conn, shared_conn.conn = shared_conn.conn, None
         self.db.putconn(conn, clean=disarmed)
 
-    def execute(self, session: Session, query: bytes, params: Any) -> tuple[Connection, Row]:
+    def execute(
+        self, shared_conn: SharedConnection, query: bytes, params: Any
+    ) -> tuple[Connection, Row]:
         """Run ``query`` on the session (turn held). A session found ended is dropped
         and the statement tried once more, on a new one."""
         for attempt in range(2):
-            conn = self.connect(session)
+            conn = self.connect(shared_conn)
             try:
                 with boundary(self.db.settings, conn):
                     row = conn.execute(query, params).fetchone()
             except SessionGone as exc:
-                self.drop(session, f"the shared session ended: {exc.cause or exc}")
+                self.drop(shared_conn, f"the shared session ended: {exc.cause or exc}")
                 if attempt:
                     raise
                 continue
             except BaseException as exc:
-                self.drop_if_unusable(session, conn, exc)
+                self.drop_if_unusable(shared_conn, conn, exc)
                 raise
             assert row is not None
-            session.answered = time.monotonic()
+            shared_conn.answered = time.monotonic()
             return conn, row
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def sessions_of(db: Database) -> Sessions:
+def sharing_of(db: Database) -> Sharing:
     """``db``'s shared sessions (created on first use; the lock is taken only then)."""
-    found = db.shared_sessions
+    found = db.sharing
     if found is None:
         with db.shared_lock:
-            if db.shared_sessions is None:
-                db.shared_sessions = Sessions(db)
-            found = db.shared_sessions
-    assert isinstance(found, Sessions)
+            if db.sharing is None:
+                db.sharing = Sharing(db)
+            found = db.sharing
+    assert isinstance(found, Sharing)
     return found
 
 
@@ -218,41 +222,41 @@ def acquire(
     db: Database, claim: Claim, query: bytes, params: dict[str, Any], lease_seconds: float | None
 ) -> Lease | Skip:
     """``locks.acquire`` on a shared session: ``query`` and its ``params`` as it made them."""
-    sessions = sessions_of(db)
+    sharing = sharing_of(db)
     slot = claim.slot_lock
-    with sessions.turn:
-        session = sessions.session(params["lease_ms"])
-        holder = sessions.holder(claim, slot)
+    with sharing.turn:
+        shared_conn = sharing.connection_for(params["lease_ms"])
+        holder = sharing.holder(claim, slot)
         if holder is not None:
-            return _skip(sessions, session, claim, "locked", None, holder=holder)
-        keys = sessions.free_keys(claim)
+            return _skip(sharing, shared_conn, claim, "locked", None, holder=holder)
+        keys = sharing.free_keys(claim)
         params = {**params, "keys": keys, "application_name": label()}
         try:
-            conn, row = sessions.execute(session, query, params)
+            conn, row = sharing.execute(shared_conn, query, params)
             if not row[0]:  # a holder elsewhere may have just ended: one more try, as locks
-                conn, row = sessions.execute(session, query, params)
+                conn, row = sharing.execute(shared_conn, query, params)
         except DatabaseError:
             # Cut short (a DBA's statement_timeout, say): a lock it took before failing
             # outlives the statement on a session that lives on.
-            sessions.unlock(session, keys, slot)
+            sharing.unlock(shared_conn, keys, slot)
             raise
         acquired, key, token, attempts, newer_slot, late = row
         if acquired and (claim.slot is None or attempts is not None):
             held = claim if key == claim.key else dataclasses.replace(claim, key=key)
-            lease = Lease(held, "session", conn, token, attempts, lease_seconds, shared=session)
-            sessions.hold(lease, session, slot)
+            lease = Lease(held, "session", conn, token, attempts, lease_seconds, shared=shared_conn)
+            sharing.hold(lease, shared_conn, slot)
             if lease_seconds is not None:
                 watch(lease)
             return lease
         if acquired:  # the slot is done, superseded or late: free what this try took
-            sessions.unlock(session, [key], slot)
+            sharing.unlock(shared_conn, [key], slot)
         reason = "superseded" if newer_slot else "late" if late else "locked"
-        return _skip(sessions, session, claim, reason, newer_slot, holder=None)
+        return _skip(sharing, shared_conn, claim, reason, newer_slot, holder=None)
 
 
 def _skip(
-    sessions: Sessions,
-    session: Session,
+    sharing: Sharing,
+    shared_conn: SharedConnection,
     claim: Claim,
     reason: str,
     newer_slot: str | None,
@@ -261,13 +265,13 @@ def _skip(
 ) -> Skip:
     """Log the skip on the session (turn held). The look-up names holders of other
     sessions only: a run of this process holding the lock is named from here."""
-    conn = sessions.connect(session)
+    conn = sharing.connect(shared_conn)
     try:
-        with boundary(sessions.db.settings, conn):
+        with boundary(sharing.db.settings, conn):
             local = holder.lease.claim.task_id if holder is not None else None
             skip = record_skip(
                 conn,
-                sessions.db,
+                sharing.db,
                 claim,
                 reason,
                 held=False,
@@ -275,10 +279,10 @@ def _skip(
                 local_holder=local,
             )
     except BaseException as exc:
-        sessions.drop_if_unusable(session, conn, exc)
+        sharing.drop_if_unusable(shared_conn, conn, exc)
         raise
     finally:
-        sessions.give_back(session, disarmed=False)
+        sharing.give_back(shared_conn, disarmed=False)
     if holder is not None and skip.reason == "locked" and skip.holder is None:
         claimed = holder.lease.claim
         named = {
@@ -299,15 +303,15 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
     must not stay held by a session that lives on. The caller then records the outcome
     elsewhere, if it still can.
     """
-    sessions = sessions_of(db)
-    session = lease.shared
-    assert isinstance(session, Session)
+    sharing = sharing_of(db)
+    shared_conn = lease.shared
+    assert isinstance(shared_conn, SharedConnection)
     lent, lease.lent = lease.lent, None
     if lent is not None:  # the body's own: reset (its transaction, its own locks) and back
         db.putconn(lent, clean=False)
     slot = lease.claim.slot_lock
-    with sessions.turn:
-        last = len(session.leases) == 1
+    with sharing.turn:
+        last = len(shared_conn.leases) == 1
         params = {
             **params,
             "held_key": lease.claim.key,  # and its slot lock (``slot_lock``), if any
@@ -316,18 +320,18 @@ def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) ->
         }
         conn = lease.lock_connection
         try:
-            if conn is not session.conn:
+            if conn is not shared_conn.conn:
                 raise SessionGone("the shared session ended before the release")
             with boundary(db.settings, conn):
                 row = conn.execute(query, params).fetchone()
         except BaseException as exc:
-            if conn is session.conn:
+            if conn is shared_conn.conn:
                 cause = exc.cause if isinstance(exc, DatabaseError) and exc.cause else exc
-                sessions.drop(session, f"the release failed on the shared session: {cause}")
+                sharing.drop(shared_conn, f"the release failed on the shared session: {cause}")
             raise
         finally:
-            sessions.forget(lease, session, slot)
-        session.answered = time.monotonic()
-        sessions.give_back(session, disarmed=True)
+            sharing.forget(lease, shared_conn, slot)
+        shared_conn.answered = time.monotonic()
+        sharing.give_back(shared_conn, disarmed=True)
     assert row is not None
     return tuple(row)
