@@ -366,8 +366,8 @@ class PgLockMixin:
     def _pglock_db_error(
         self, options: TaskOptions, exc: DatabaseError, args: Any, kwargs: Any
     ) -> Any:
-        policy = options.on_db_error
-        if policy == "run":
+        on_error = options.on_db_error
+        if on_error == "run":
             logger.warning(
                 "running %s[%s] WITHOUT a lock (pglock_on_db_error='run'): %s",
                 self.name,
@@ -376,7 +376,7 @@ class PgLockMixin:
                 extra={"action": "pglock_ran_unlocked"},
             )
             return self._pglock_body(args, kwargs)
-        if policy == "fail" or self.request.called_directly or self.request.is_eager:
+        if on_error == "fail" or self.request.called_directly or self.request.is_eager:
             logger.log(
                 _outage.failed(),
                 "%s[%s] failed: %s",

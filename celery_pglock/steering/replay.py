@@ -140,9 +140,9 @@ def entry_of(entries: Schedule, name: str) -> tuple[Any, str]:
     )
 
 
-def sending(slots: list[str]) -> list[dict[str, Any]]:
-    """A plan that sends each of ``slots``."""
-    return [{"slot": slot, "action": "send"} for slot in slots]
+def sending(chosen: list[str]) -> list[dict[str, Any]]:
+    """A plan that sends each of the ``chosen`` slots."""
+    return [{"slot": slot, "action": "send"} for slot in chosen]
 
 
 def waiting_for_each(rate: float = math.inf) -> Send:

@@ -1,10 +1,14 @@
 """docs/layout.md lists the layers that import-linter enforces (``lint-imports``, run by
-``make lint``): the page and the contract in pyproject.toml never drift apart."""
+``make lint``): the page and the contract in pyproject.toml never drift apart. And the
+package's words stay apart: no local name hides a module its file imports."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -39,3 +43,56 @@ def test_docs_layout_lists_the_enforced_layers_in_order() -> None:
     """Every layer of the import contract is on the page, in the contract's order, with
     the same modules, and the page lists no other."""
     assert contract_layers() == documented_layers()
+
+
+def modules_imported(tree: ast.Module) -> dict[str, str]:
+    """The names a module binds to modules by importing them: name -> module."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update({(a.asname or a.name).split(".")[0]: a.name for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if _is_module(full):
+                    found[alias.asname or alias.name] = full
+    return found
+
+
+def _is_module(name: str) -> bool:
+    """Looked up on disk, imported never (a Django module may need its settings)."""
+    package, _, leaf = name.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ModuleNotFoundError, ValueError):  # not installed; a lazy module (kombu)
+        return False
+    places = spec.submodule_search_locations or [] if spec else []
+    return any(
+        (Path(place) / f"{leaf}.py").is_file() or (Path(place) / leaf / "__init__.py").is_file()
+        for place in places
+    )
+
+
+def names_bound(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """Every local name a module binds: arguments and assignment targets."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            yield from ((arg.arg, arg.lineno) for arg in arguments)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            yield node.id, node.lineno
+
+
+def test_no_local_name_shadows_a_module_its_file_imports() -> None:
+    """A parameter or variable named like a module its file imports (``policy`` in a
+    file that calls ``policy.claim``) hides the module for the rest of its scope."""
+    shadowing = []
+    for path in sorted((ROOT / "celery_pglock").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = modules_imported(tree)
+        shadowing += [
+            f"{path.relative_to(ROOT)}:{line}: {name} shadows {imported[name]}"
+            for name, line in names_bound(tree)
+            if name in imported
+        ]
+    assert shadowing == []
