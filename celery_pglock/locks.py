@@ -178,8 +178,8 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     conn = lease.lock_connection
     if _release_unwaited(db, lease):
         return Released(recorded=False, lost=lease.known_lost)
-    session = lease.scope == "session" and db.lease_supported
-    disarm = db.idle_defaults["idle_session_timeout"] if session else None
+    armed = lease.scope == "session" and db.lease_supported  # the lease is to disarm
+    disarm = db.idle_defaults["idle_session_timeout"] if armed else None
     params = release_params(lease, state, reason, disarm)
     query = db.tables.query("release")
     try:

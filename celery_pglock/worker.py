@@ -83,11 +83,11 @@ class StartupCheck(bootsteps.StartStopStep):
             logger=logger,
             interrupt=worker_state.maybe_shutdown,  # SIGTERM while waiting: stop waiting
         )
-        if pooled and (session := _session_scope_tasks(worker.app)):
+        if pooled and (session_scoped := _session_scope_tasks(worker.app)):
             logger.error(
                 "%s; these tasks will fail: %s",
                 pooler_message(settings, "session-scope locks", FIX_SCOPE),
-                ", ".join(session),
+                ", ".join(session_scoped),
                 extra={"action": "pglock_transaction_pooler"},
             )
         self._size_connections(worker, settings)
