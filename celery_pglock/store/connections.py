@@ -104,15 +104,6 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
     return False
 
 
-def server_sees_own_socket(conn: Connection, client_port: int | None) -> bool:
-    """Whether the server's client is ``conn``'s own socket: ``client_port`` (what the
-    server sees, None over a Unix socket) is the port of ``conn``'s end. A pooler or a
-    proxy in between (PgBouncer, HAProxy) connects with sockets of its own."""
-    with socket.socket(fileno=os.dup(conn.fileno())) as own:
-        name = own.getsockname()
-    return client_port == (name[1] if isinstance(name, tuple) else None)
-
-
 def in_transaction(conn: Connection) -> bool:
     """Whether ``conn`` is not idle: inside a transaction, a failed one, or unknown."""
     return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE

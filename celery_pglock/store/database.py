@@ -19,9 +19,9 @@ import psycopg
 from psycopg import waiting
 
 from celery_pglock.config import Settings
-from celery_pglock.errors import ConfigurationError, DatabaseError, ServerFull
+from celery_pglock.errors import ConfigurationError, DatabaseError
 from celery_pglock.schema import statement
-from celery_pglock.store import unwaited
+from celery_pglock.store import admission, unwaited
 from celery_pglock.store.connections import (
     FIX_SCOPE,
     LEASE_MIN_SERVER_VERSION,
@@ -29,7 +29,6 @@ from celery_pglock.store.connections import (
     connect,
     in_transaction,
     pooler_message,
-    server_sees_own_socket,
     show_setting,
     transaction_pooled,
     watch_client,
@@ -217,21 +216,7 @@ class Database:
         beyond ``max_client_conn`` is a ``ServerFull`` like the server's."""
         conn = self._connect_once()
         try:
-            spare = self.settings.spare_connections
-            if spare:
-                with boundary(self.settings):
-                    row = conn.execute(statement("free_connection_slots")).fetchone()
-                assert row is not None
-                free, client_port = row
-                if not server_sees_own_socket(conn, client_port):
-                    self.pool.note_headroom(None)
-                    return conn
-                self.pool.note_headroom(free - spare)
-                if free < spare:
-                    raise ServerFull(
-                        f"PostgreSQL has {max(free, 0)} connection slots left, fewer than "
-                        f"pglock_spare_connections ({spare}), left to other clients"
-                    )
+            admission.check(conn, self.settings, self.pool.admission)
         except BaseException:
             conn.close()
             raise

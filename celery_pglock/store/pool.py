@@ -6,10 +6,10 @@ freed, and when idle ones are given back to the server.
   waiter, in order. A waiter gives up only after ``timeout`` seconds in which no
   connection of this process was given back: while runs end, nobody burns a retry.
 - The server full (``too many clients``, a role's connection limit, a pooler's
-  ``max_client_conn``, or fewer free slots left than the headroom checked by ``connect``)
-  is a wait, not a failure, while this process holds connections that will come back;
-  the process then opens no other one for a moment (``FULL_PAUSE``). With none to come
-  back it tries again until ``timeout``.
+  ``max_client_conn``, or fewer free slots left than the spare ones) is a wait, not a
+  failure, while this process holds connections that will come back; how many it opens at
+  once and when it opens none for a moment is ``admission``'s. With none to come back it
+  tries again until ``timeout``.
 - Idle connections are handed out last in, first out (the one used last has warm caches
   on both sides), and closed after ``idle_timeout`` seconds unused by one thread per pool,
   which ends when nothing is idle. An idle connection holds no lock: its run's release or
@@ -31,14 +31,10 @@ import psycopg
 
 from celery_pglock.errors import DatabaseUnavailable, ServerFull
 from celery_pglock.store import unwaited
+from celery_pglock.store.admission import RETRY_FULL, Admission
 from celery_pglock.store.driver import Connection
 
 logger = logging.getLogger("celery_pglock")
-
-
-FULL_PAUSE = 1.0  # after the server refused a connection: wait for ours meanwhile
-RETRY_FULL = 0.2  # holding none, how often to try again while the server is full
-MAX_OPENING = 16  # connections a process opens at once, far from the server's limit
 
 
 class _Waiter:
@@ -73,10 +69,7 @@ class Pool:
         self._size = 0  # connections counted against the cap, whatever their state
         self._waiters: deque[_Waiter] = deque()
         self._given_back = time.monotonic()  # last time a connection came back
-        self._full_until = 0.0
-        self._full_reason: ServerFull | None = None
-        self._opening = 0  # connections being opened (counted in _size)
-        self._headroom = 0  # free server slots beyond the spare ones, as last seen
+        self.admission = Admission(self._lock)  # how many may be opened now
         self._sweeper: threading.Thread | None = None
         self._closed = False
 
@@ -95,14 +88,6 @@ class Pool:
     @property
     def waiters(self) -> int:
         return len(self._waiters)
-
-    def note_headroom(self, slots: int | None) -> None:
-        """The server's free slots beyond those left to others, seen by a new connection:
-        how many connections this process may open at once (half of them, at most
-        ``MAX_OPENING``); one at a time near the limit. None: not the server's slots to
-        count (a pooler in between), ``MAX_OPENING`` at once."""
-        with self._lock:
-            self._headroom = 2 * MAX_OPENING if slots is None else slots
 
     def resize(self, max_size: int) -> None:
         with self._lock:
@@ -178,20 +163,14 @@ class Pool:
     # -- inside --------------------------------------------------------------------------
 
     def _may_open(self) -> bool:
-        """Whether a caller may open a connection now: under the cap, the server not
-        refusing, and few enough being opened at once: far from the server's limit, up to
-        half the free slots seen last (``note_headroom``); near it, one at a time, so that
-        the check of the free slots counts every connection of ours."""
-        if self._size >= self.max_size:
-            return False
-        if self._size and time.monotonic() < self._full_until:
-            return False  # the server refused lately: wait for one of ours meanwhile
-        return self._opening < max(1, min(MAX_OPENING, self._headroom // 2))
+        """Whether a caller may open a connection now: under the cap, and as
+        ``admission`` allows."""
+        return self._size < self.max_size and self.admission.may_open(self._size)
 
     def _reserve(self) -> None:
         """Count a connection about to be opened (with the lock held)."""
         self._size += 1
-        self._opening += 1
+        self.admission.opening += 1
 
     def _offer_place(self) -> None:
         """The longest waiter opens a connection, if one may be opened (lock held)."""
@@ -227,9 +206,8 @@ class Pool:
                 raise self._timed_out()
 
     def _timed_out(self) -> DatabaseUnavailable:
-        if self._full_reason is not None and time.monotonic() < self._full_until + self.timeout:
-            return self._full_reason
-        return DatabaseUnavailable(
+        refusal = self.admission.refusal_within(self.timeout)
+        return refusal or DatabaseUnavailable(
             f"no PostgreSQL connection within {self.timeout:.1f} s: all {self.max_size} "
             "connections of this process are in use by locked tasks (pglock_pool_size); "
             "raise pglock_pool_size to run more of them at once"
@@ -244,10 +222,9 @@ class Pool:
                 conn = self._connect()
             except ServerFull as full:
                 with self._lock:
-                    self._full_reason = full
-                    self._full_until = time.monotonic() + FULL_PAUSE
+                    self.admission.refused(full)
                     if self._size > 1 or time.monotonic() >= deadline:
-                        self._opening -= 1
+                        self.admission.opening -= 1
                         self._forget()
                         if self._size:  # others of ours will come back: wait for them
                             return None
@@ -256,11 +233,11 @@ class Pool:
                 continue
             except BaseException:
                 with self._lock:
-                    self._opening -= 1
+                    self.admission.opening -= 1
                     self._forget()
                 raise
             with self._lock:
-                self._opening -= 1
+                self.admission.opening -= 1
                 self._offer_place()
             return conn
 
