@@ -3,8 +3,8 @@ one answer to "what happened to this slot" (``why``).
 
 State lives in PostgreSQL, so every beat replica obeys at its next tick. Each control
 writes an audit row (who, when, why) in the same transaction as its change. These are
-the functions behind ``celery -A proj pglock pause|resume|trigger|why``; a Django admin
-action or a script can call them with an open connection and the app's ``Tables``.
+the functions behind ``celery -A proj pglock pause|resume|trigger|why`` (through
+``steering.actions``, which audits as who asks); each takes the store's ``Statements``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from celery_pglock.keys import lock_key
-from celery_pglock.ops import Row, fetch, jsonable, locks, require_tables
+from celery_pglock.ops import Row, jsonable, locks, require_tables
 from celery_pglock.schema import Tables
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 
 MANUAL_PREFIX = "manual:"
 
@@ -33,7 +31,7 @@ class Target:
 
 
 def audit(
-    conn: Connection, target: Target, action: str, reason: str | None = None, **what: Any
+    statements: Statements, target: Target, action: str, reason: str | None = None, **what: Any
 ) -> Row:
     """One audit row: ``what`` may name the entry, lock_name and slot; the rest is detail."""
     named = {key: what.pop(key, None) for key in ("entry", "lock_name", "slot")}
@@ -43,49 +41,48 @@ def audit(
         "action": action,
         "actor": target.actor,
         "reason": reason,
-        "detail": Jsonb(jsonable(what)),
+        "detail": jsonable(what),
     }
-    [row] = fetch(conn, target.tables.query("control_audit"), params)
+    [row] = statements.rows("control_audit", params)
     return row
 
 
-def pauses(conn: Connection, target: Target) -> list[Row]:
+def pauses(statements: Statements, target: Target) -> list[Row]:
     """The paused entries of the namespace: who paused each, when, why, slots held back."""
-    require_tables(conn, target.tables)
-    return fetch(conn, target.tables.query("control_pauses"), {"namespace": target.namespace})
+    require_tables(statements)
+    return statements.rows("control_pauses", {"namespace": target.namespace})
 
 
-def pause(conn: Connection, target: Target, entry: str, reason: str | None) -> Row:
+def pause(statements: Statements, target: Target, entry: str, reason: str | None) -> Row:
     """Pause ``entry``; returns the pause in force (``new`` false when it already was)."""
-    require_tables(conn, target.tables)
+    require_tables(statements)
     params = {"namespace": target.namespace, "entry": entry, "actor": target.actor}
-    with conn.transaction():
-        made = fetch(conn, target.tables.query("control_pause"), {**params, "reason": reason})
+    with statements.transaction():
+        made = statements.rows("control_pause", {**params, "reason": reason})
         if made:
-            audit(conn, target, "pause", reason, entry=entry)
+            audit(statements, target, "pause", reason, entry=entry)
     if made:
         return {**made[0], "new": True}
-    [current] = [row for row in pauses(conn, target) if row["entry"] == entry]
+    [current] = [row for row in pauses(statements, target) if row["entry"] == entry]
     return {**current, "new": False}
 
 
-def resume(conn: Connection, target: Target, entry: str, *, catch_up: int) -> Row | None:
+def resume(statements: Statements, target: Target, entry: str, *, catch_up: int) -> Row | None:
     """Resume ``entry`` (None: it was not paused). With ``catch_up`` > 0, ``caught_up``
     lists the newest that many slots held back by the pause, oldest first: recorded as
     sent by ``target.actor``, for the caller to send now."""
-    require_tables(conn, target.tables)
+    require_tables(statements)
     params = {"namespace": target.namespace, "entry": entry}
-    with conn.transaction():
-        ended = fetch(conn, target.tables.query("control_resume"), params)
+    with statements.transaction():
+        ended = statements.rows("control_resume", params)
         if not ended:
             return None
         sent: list[str] = []
         if catch_up > 0:
-            query = target.tables.query("control_catch_up")
             more = {"paused_at": ended[0]["paused_at"], "limit": catch_up}
-            rows = fetch(conn, query, {**params, **more, "actor": target.actor})
+            rows = statements.rows("control_catch_up", {**params, **more, "actor": target.actor})
             sent = [row["slot"] for row in rows]
-        audit(conn, target, "resume", entry=entry, caught_up=sent)
+        audit(statements, target, "resume", entry=entry, caught_up=sent)
     return {**ended[0], "caught_up": sent}
 
 
@@ -96,13 +93,13 @@ def manual_slot(now: datetime | None = None) -> str:
 
 
 def record_trigger(
-    conn: Connection, target: Target, *, entry: str, task: str, lock_name: str, slot: str
+    statements: Statements, target: Target, *, entry: str, task: str, lock_name: str, slot: str
 ) -> Row:
     """Write the manual slot's row ``scheduled`` (unless it has one) and audit it.
 
     Returns ``send``: false when the slot already succeeded (nothing is to be sent), with
     the row's state and token."""
-    require_tables(conn, target.tables)
+    require_tables(statements)
     params = {
         "lock_name": lock_name,
         "slot": slot,
@@ -111,68 +108,70 @@ def record_trigger(
         "actor": target.actor,
         "task_name": task,
     }
-    with conn.transaction():
-        [row] = fetch(conn, target.tables.query("control_trigger"), params)
+    with statements.transaction():
+        [row] = statements.rows("control_trigger", params)
         send = row["state"] != "succeeded"
-        audit(conn, target, "trigger", entry=entry, lock_name=lock_name, slot=slot, sent=send)
+        audit(statements, target, "trigger", entry=entry, lock_name=lock_name, slot=slot, sent=send)
     return {**row, "send": send}
 
 
-def run_row(conn: Connection, tables: Tables, lock_name: str, slot: str) -> Row | None:
+def run_row(statements: Statements, lock_name: str, slot: str) -> Row | None:
     """The ledger row of (lock name, slot), if any."""
-    rows = fetch(conn, tables.query("why_run"), {"lock_name": lock_name, "slot": slot})
-    return rows[0] if rows else None
+    return statements.row("why_run", {"lock_name": lock_name, "slot": slot})
 
 
-def skips_of(conn: Connection, tables: Tables, lock_name: str, slot: str) -> list[Row]:
+def skips_of(statements: Statements, lock_name: str, slot: str) -> list[Row]:
     """Every skip of (lock name, slot), oldest first."""
-    return fetch(conn, tables.query("why_skips"), {"lock_name": lock_name, "slot": slot})
+    return statements.rows("why_skips", {"lock_name": lock_name, "slot": slot})
 
 
-def lock_has_rows(conn: Connection, tables: Tables, lock_name: str) -> bool:
+def lock_has_rows(statements: Statements, lock_name: str) -> bool:
     """Whether ``lock_name`` ever had a ledger row or a skip (any slot)."""
-    [row] = fetch(conn, tables.query("control_lock_rows"), {"lock_name": lock_name})
+    [row] = statements.rows("control_lock_rows", {"lock_name": lock_name})
     return bool(row["known"])
 
 
-def why(conn: Connection, target: Target, *, lock_name: str, slot: str, entry: str | None) -> Row:
+def why(
+    statements: Statements, target: Target, *, lock_name: str, slot: str, entry: str | None
+) -> Row:
     """Everything known about one slot: its row, beat's claims and sends, every skip, the
     lock's holder now, the audit trail (the entry's pauses included)."""
-    require_tables(conn, target.tables)
+    require_tables(statements)
     params = {"namespace": target.namespace, "lock_name": lock_name, "slot": slot, "entry": entry}
-    tables = target.tables
-    run = run_row(conn, tables, lock_name, slot)
+    run = run_row(statements, lock_name, slot)
     key = lock_key(lock_name)
-    held = [found for found in locks(conn, tables, [lock_name]) if found["key"] == key]
+    held = [found for found in locks(statements, [lock_name]) if found["key"] == key]
     return {
         "lock_name": lock_name,
         "slot": slot,
         "entry": entry or (run["entry"] if run else None),
         "run": run,
-        "sends": fetch(conn, tables.query("why_sends"), params),
-        "skips": skips_of(conn, tables, lock_name, slot),
+        "sends": statements.rows("why_sends", params),
+        "skips": skips_of(statements, lock_name, slot),
         "holder": held[0]["holder"] if held else None,
-        "audit": fetch(conn, tables.query("why_audit"), params),
+        "audit": statements.rows("why_audit", params),
     }
 
 
-def slot_rows(conn: Connection, tables: Tables, lock_name: str, slots: list[str]) -> dict[str, Row]:
+def slot_rows(statements: Statements, lock_name: str, slots: list[str]) -> dict[str, Row]:
     """The ledger rows of these slots of ``lock_name``, by slot (absent: no row)."""
     params = {"lock_name": lock_name, "slots": slots}
-    return {row["slot"]: row for row in fetch(conn, tables.query("control_slot_rows"), params)}
+    return {row["slot"]: row for row in statements.rows("control_slot_rows", params)}
 
 
 def reopen(
-    conn: Connection, target: Target, *, lock_name: str, slot: str, reason: str
+    statements: Statements, target: Target, *, lock_name: str, slot: str, reason: str
 ) -> Row | None:
     """Open a succeeded slot again for one more run, on purpose; audit who, why and the
     outcome it had. None (nothing changed) when the slot has not succeeded."""
-    require_tables(conn, target.tables)
+    require_tables(statements)
     params = {"lock_name": lock_name, "slot": slot}
     why = f"rerun by {target.actor}: {reason}"
-    with conn.transaction():
-        before = fetch(conn, target.tables.query("control_reopen"), {**params, "reason": why})
+    with statements.transaction():
+        before = statements.rows("control_reopen", {**params, "reason": why})
         if not before:
             return None
-        audit(conn, target, "rerun", reason, lock_name=lock_name, slot=slot, previous=before[0])
+        audit(
+            statements, target, "rerun", reason, lock_name=lock_name, slot=slot, previous=before[0]
+        )
     return before[0]

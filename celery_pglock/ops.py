@@ -1,9 +1,10 @@
 """What an operator asks at 3 AM, as functions: who holds what, what ran, end a holder.
 
 ``celery pglock status|runs|release`` are thin shells around these; they are usable from
-Python too (a health check, a dashboard). Every function takes an open connection and the
-app's ``Tables``, reads PostgreSQL's own view of advisory locks (``pg_locks`` joined with
-``pg_stat_activity``) together with our tables, and returns plain JSON-ready dicts.
+Python too (a health check, a dashboard). Every function takes the store's ``Statements``
+(``OnConnection(conn, tables)`` on an open connection), reads PostgreSQL's own view of
+advisory locks (``pg_locks`` joined with ``pg_stat_activity``) together with our tables,
+and returns plain JSON-ready dicts.
 
 Lock names: ``pg_locks`` only knows 64-bit keys. A name is found in the ``holders`` table
 (every session-scope grant, and every committed transaction-scope one) or among the names
@@ -25,8 +26,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from psycopg.rows import dict_row
-
 from celery_pglock.config import Settings
 from celery_pglock.errors import SchemaMissing
 from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
@@ -34,8 +33,8 @@ from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
 from celery_pglock.store import migrations
 from celery_pglock.store.connections import connect
-from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
+from celery_pglock.store.statements import Statements
 
 logger = logging.getLogger("celery_pglock")
 
@@ -69,9 +68,10 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def require_tables(conn: Connection, tables: Tables) -> int:
+def require_tables(statements: Statements) -> int:
     """The schema version, or ``SchemaMissing`` saying where we looked and what to do."""
-    version = migrations.current_version(conn, tables)
+    version = statements.schema_version()
+    tables = statements.tables
     if version is None:
         raise SchemaMissing(
             f"no celery-pglock tables in schema {tables.schema!r} with prefix "
@@ -79,12 +79,6 @@ def require_tables(conn: Connection, tables: Tables) -> int:
             "differ from the workers' (`celery pglock migrate` creates the tables)"
         )
     return version
-
-
-def fetch(conn: Connection, query: bytes, params: Mapping[str, Any]) -> list[Row]:
-    """The rows of ``query``, as dicts."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, params).fetchall()
 
 
 # -- who holds what ----------------------------------------------------------------------
@@ -126,8 +120,7 @@ def _waiter(row: Row) -> Row:
 
 
 def locks(
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     known_names: Iterable[str] = (),
     limits: Mapping[str, int] | None = None,
 ) -> list[Row]:
@@ -142,7 +135,7 @@ def locks(
     ]
     params = {"keys": [key for key, _ in named], "names": [name for _, name in named]}
     found: dict[int, Row] = {}
-    for row in fetch(conn, tables.query("ops_locks"), params):
+    for row in statements.rows("ops_locks", params):
         entry = found.setdefault(
             row["lock_key"],
             {
@@ -182,14 +175,14 @@ def beat_view(all_locks: Iterable[Row], namespace: str) -> Row:
     return {"lock": name, "key": key, "leader": leader, "standbys": standbys}
 
 
-def running(conn: Connection, tables: Tables, limit: int = 100) -> list[Row]:
+def running(statements: Statements, limit: int = 100) -> list[Row]:
     """Ledger rows in state ``running``; ``holder_alive`` false means an orphan."""
-    return fetch(conn, tables.query("ops_running"), {"limit": limit})
+    return statements.rows("ops_running", {"limit": limit})
 
 
-def recent_skips(conn: Connection, tables: Tables, limit: int = 20) -> list[Row]:
+def recent_skips(statements: Statements, limit: int = 20) -> list[Row]:
     """The newest entries of the skip log."""
-    return fetch(conn, tables.query("ops_recent_skips"), {"limit": limit})
+    return statements.rows("ops_recent_skips", {"limit": limit})
 
 
 @dataclass(frozen=True)
@@ -223,8 +216,7 @@ class Status:
 
 
 def status(
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     *,
     namespace: str,
     known_names: Iterable[str] = (),
@@ -232,18 +224,18 @@ def status(
     skips: int = 20,
 ) -> Status:
     """Held locks (without the beat leader lock), beat, running rows and recent skips."""
-    require_tables(conn, tables)
+    require_tables(statements)
     leader = leader_lock_name(namespace)
-    found = locks(conn, tables, [*known_names, leader], limits)
+    found = locks(statements, [*known_names, leader], limits)
     return Status(
         namespace=namespace,
-        tables=tables,
+        tables=statements.tables,
         locks=[lock for lock in found if lock["lock"] != leader],
         beat=beat_view(found, namespace),
-        running=running(conn, tables),
-        skips=recent_skips(conn, tables, skips) if skips > 0 else [],
-        rogue=fetch(conn, tables.query("ops_rogue_sends"), {"namespace": namespace}),
-        waiting=fetch(conn, tables.query("waiting_slots"), {"limit": 100}),
+        running=running(statements),
+        skips=recent_skips(statements, skips) if skips > 0 else [],
+        rogue=statements.rows("ops_rogue_sends", {"namespace": namespace}),
+        waiting=statements.rows("waiting_slots", {"limit": 100}),
     )
 
 
@@ -256,8 +248,7 @@ def like_pattern(text: str) -> str:
 
 
 def runs(
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     *,
     task: str | None = None,
     since: datetime | None = None,
@@ -265,7 +256,7 @@ def runs(
     limit: int = 50,
 ) -> list[Row]:
     """Ledger history, newest first, with duration and skip counts per run."""
-    require_tables(conn, tables)
+    require_tables(statements)
     if state is not None and state not in RUN_STATES:
         raise ValueError(f"state must be one of {RUN_STATES}, got {state!r}")
     params = {
@@ -274,24 +265,24 @@ def runs(
         "state": state,
         "limit": limit,
     }
-    return fetch(conn, tables.query("ops_runs"), params)
+    return statements.rows("ops_runs", params)
 
 
 # -- ending a holder ---------------------------------------------------------------------
 
 
-def holders(conn: Connection, tables: Tables, name: str) -> list[Row]:
+def holders(statements: Statements, name: str) -> list[Row]:
     """Who holds lock ``name`` right now (normally one session; empty if free)."""
-    require_tables(conn, tables)
-    params = {"keys": lock_keys_of(conn, tables, name)}
-    return [describe_session(row) for row in fetch(conn, tables.query("ops_lock_holders"), params)]
+    require_tables(statements)
+    params = {"keys": lock_keys_of(statements, name)}
+    return [describe_session(row) for row in statements.rows("ops_lock_holders", params)]
 
 
-def lock_keys_of(conn: Connection, tables: Tables, name: str) -> list[int]:
+def lock_keys_of(statements: Statements, name: str) -> list[int]:
     """The advisory keys of lock ``name``: its own, and those of its further runs at once
     (``pglock_concurrency``) that its holder rows name."""
-    rows = conn.execute(tables.query("ops_lock_keys"), {"name": name}).fetchall()
-    return sorted({lock_key(name), *(row[0] for row in rows)})
+    rows = statements.rows("ops_lock_keys", {"name": name})
+    return sorted({lock_key(name), *(row["lock_key"] for row in rows)})
 
 
 @dataclass(frozen=True)
@@ -310,7 +301,7 @@ class ForcedRelease:
 
 
 def force_release(
-    conn: Connection, tables: Tables, name: str, *, wait: float = RELEASE_WAIT
+    statements: Statements, name: str, *, wait: float = RELEASE_WAIT
 ) -> ForcedRelease | None:
     """End the session(s) holding ``name`` (``pg_terminate_backend``); None if it is free.
 
@@ -319,29 +310,28 @@ def force_release(
     and reports ``lock_lost``. The operator is logged at WARNING: ending someone's session
     is an action to be able to trace.
     """
-    found = holders(conn, tables, name)
+    found = holders(statements, name)
     if not found:
         return None
     key = lock_key(name)
-    keys = lock_keys_of(conn, tables, name)
+    keys = lock_keys_of(statements, name)
     params = {"keys": keys, "pids": [h["backend_pid"] for h in found]}
-    ended = {row["backend_pid"] for row in fetch(conn, tables.query("ops_terminate"), params)}
+    ended = {row["backend_pid"] for row in statements.rows("ops_terminate", params)}
     terminated = [h for h in found if h["backend_pid"] in ended]
     done = ForcedRelease(
-        name, key, terminated, _wait_released(conn, tables, params, wait), operator()
+        name, key, terminated, _wait_released(statements, params, wait), operator()
     )
     for holder in terminated:
         _log_release(done, holder)
     return done
 
 
-def _wait_released(conn: Connection, tables: Tables, params: Row, wait: float) -> bool:
+def _wait_released(statements: Statements, params: Row, wait: float) -> bool:
     """Poll until the ended sessions no longer hold the lock (termination is asynchronous)."""
     deadline = time.monotonic() + wait
-    query = tables.query("ops_still_held")
     while True:
-        row = conn.execute(query, params).fetchone()
-        if row is None or row[0] == 0:
+        row = statements.row("ops_still_held", params)
+        if row is None or row["held"] == 0:
             return True
         if time.monotonic() >= deadline:
             return False

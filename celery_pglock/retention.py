@@ -27,10 +27,7 @@ from typing import Any
 
 from celery_pglock.config import Settings, setting
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.schema import Tables
-from celery_pglock.store.connections import connect
-from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
+from celery_pglock.store.statements import Statements, opened
 
 logger = logging.getLogger("celery_pglock")
 
@@ -124,8 +121,7 @@ class PruneResult:
 
 
 def prune(
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     older_than: timedelta,
     *,
     batch: int = BATCH,
@@ -146,20 +142,20 @@ def prune(
         "prefix": None if namespace is None else _LIKE_SPECIAL.sub(r"\\\1", namespace) + ":%",
     }
     for table in PRUNED_TABLES:
-        deleted, done = _prune_table(conn, tables.query(f"prune_{table}"), params, max_batches)
+        deleted, done = _prune_table(statements, f"prune_{table}", params, max_batches)
         result.deleted[table] = deleted
         result.complete = result.complete and done
     return result
 
 
 def _prune_table(
-    conn: Connection, query: bytes, params: dict[str, Any], max_batches: int | None
+    statements: Statements, name: str, params: dict[str, Any], max_batches: int | None
 ) -> tuple[int, bool]:
     """Run one table's batch delete until a batch comes back short; (deleted, finished)."""
     deleted = batches = 0
     while max_batches is None or batches < max_batches:
-        with conn.transaction():
-            count = conn.execute(query, params).rowcount
+        with statements.transaction():
+            count = statements.run(name, params)
         deleted += count
         batches += 1
         if count < params["batch"]:
@@ -187,7 +183,6 @@ class AutoPrune:
         self.settings = settings
         self.namespace = namespace
         self.retention = retention
-        self.tables = settings.tables
         self.every = every
         self.clock = clock
         self.next_at = clock()
@@ -204,10 +199,9 @@ class AutoPrune:
         if self.retention is None or self.clock() < self.next_at:
             return None
         try:
-            with connect(self.settings) as conn, boundary(self.settings, conn):
+            with opened(self.settings) as statements:
                 result = prune(
-                    conn,
-                    self.tables,
+                    statements,
                     self.retention,
                     max_batches=AUTO_PRUNE_BATCHES,
                     namespace=self.namespace,

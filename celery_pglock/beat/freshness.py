@@ -23,6 +23,7 @@ from typing import Any
 from celery_pglock import signals, slots
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.ledger import RunQuery
+from celery_pglock.store.statements import Statements
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -197,12 +198,14 @@ def look(
 
 
 def entries_freshness(
-    conn: Any, settings: BeatSettings, entries: Iterable[Any], lock_name: Callable[[Any], str]
+    statements: Statements,
+    settings: BeatSettings,
+    entries: Iterable[Any],
+    lock_name: Callable[[Any], str],
 ) -> list[Freshness]:
-    """``look`` on ``conn``, now (``celery pglock status``)."""
-    tables = settings.settings.tables
+    """``look`` through ``statements``, now (``celery pglock status``)."""
 
     def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return list(conn.execute(tables.query(name), params).fetchall())
+        return [tuple(row.values()) for row in statements.rows(name, params)]
 
     return look(settings, entries, lock_name, run, datetime.now(timezone.utc))

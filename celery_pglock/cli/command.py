@@ -34,10 +34,9 @@ from celery_pglock.cli.web import web
 from celery_pglock.config import app_settings, tables_of
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.keys import lock_key
-from celery_pglock.schema import Tables
 from celery_pglock.steering import actions, reads
 from celery_pglock.steering.apps import namespace
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 
 # -- commands -----------------------------------------------------------------------------
 
@@ -58,18 +57,18 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
     With LOCK (a lock or task name), only that lock; exit 1 if nobody holds it.
     """
     app = current_app(ctx)
-    with reported_errors(), connection(app) as (conn, tables):
+    with reported_errors(), connection(app) as statements:
         if lock is not None:
-            _one_lock_status(conn, tables, app, resolve_lock(app, lock), as_json)
+            _one_lock_status(statements, resolve_lock(app, lock), as_json)
             return
-        view = reads.status(app, conn, tables, skips=skips)
+        view = reads.status(app, statements, skips=skips)
     if view.note:
         click.echo(view.note, err=True)
     if as_json:
         output.echo_json(view.as_json())
         return
     found, fresh = view.found, view.fresh
-    where = tables.table("*").as_string()
+    where = statements.tables.table("*").as_string()
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
     parts = [output.freshness_text(fresh)] if fresh else []  # overdue entries first
     parts += [output.rogue_text(found.rogue)] if found.rogue else []
@@ -82,12 +81,10 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
     click.echo("\n\n".join(parts))
 
 
-def _one_lock_status(
-    conn: Connection, tables: Tables, app: Celery, name: str, as_json: bool
-) -> None:
-    ops.require_tables(conn, tables)
+def _one_lock_status(statements: Statements, name: str, as_json: bool) -> None:
+    ops.require_tables(statements)
     key = lock_key(name)
-    found = [entry for entry in ops.locks(conn, tables, [name]) if entry["key"] == key]
+    found = [entry for entry in ops.locks(statements, [name]) if entry["key"] == key]
     entry = found[0] if found else {"lock": name, "key": key, "holder": None, "waiters": []}
     entry["lock"] = name
     if as_json:
@@ -125,8 +122,8 @@ def runs(
 ) -> None:
     """Run history from the ledger, newest first; exit 1 if nothing matches."""
     app = current_app(ctx)
-    with reported_errors(), connection(app) as (conn, tables):
-        found = ops.runs(conn, tables, task=task, since=since, state=state, limit=limit)
+    with reported_errors(), connection(app) as statements:
+        found = ops.runs(statements, task=task, since=since, state=state, limit=limit)
     if as_json:
         output.echo_json(found)
     elif found:
@@ -173,9 +170,9 @@ def prune(
     scope = None if any_namespace else namespace(app)
     with reported_errors():
         age = _retention(app, older_than)
-        with connection(app) as (conn, tables):
-            ops.require_tables(conn, tables)
-            done = retention.prune(conn, tables, age, batch=batch, namespace=scope)
+        with connection(app) as statements:
+            ops.require_tables(statements)
+            done = retention.prune(statements, age, batch=batch, namespace=scope)
     if as_json:
         output.echo_json(done.as_json())
         return
@@ -211,8 +208,8 @@ def release(
     op = operator_of(app, by)
     with reported_errors():
         name = actions.lock_to_release(op, name, any_namespace=any_namespace)
-        with op.connection() as (conn, tables):
-            found = ops.holders(conn, tables, name)
+        with op.connection() as statements:
+            found = ops.holders(statements, name)
         if not found:
             raise NotFound(f"lock {name!r} is not held")
         if not yes:

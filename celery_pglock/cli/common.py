@@ -31,11 +31,10 @@ from celery_pglock.errors import (
     StatementFailed,
     WaitEnded,
 )
-from celery_pglock.schema import Tables
 from celery_pglock.steering.actions import NothingToDo
 from celery_pglock.steering.apps import lock_of
 from celery_pglock.steering.operator import Operator
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -117,9 +116,9 @@ def resolve_lock(app: Celery, name: str) -> str:
 
 
 @contextmanager
-def connection(app: Celery, *, wait: bool = False) -> Iterator[tuple[Connection, Tables]]:
-    """A connection labelled with the operator (``pg_stat_activity``, server logs);
-    ``wait``: waiting for PostgreSQL if it is away (long-running commands)."""
+def connection(app: Celery, *, wait: bool = False) -> Iterator[Statements]:
+    """Statements on a connection labelled with the operator (``pg_stat_activity``,
+    server logs); ``wait``: waiting for PostgreSQL if it is away (long-running commands)."""
     with operator_of(app, None, wait=wait).connection() as opened:
         yield opened
 

@@ -115,8 +115,10 @@ def why(ctx: click.Context, name: str, slot: str, as_json: bool) -> None:
     """Everything known about one slot of NAME (a beat entry, a task or a lock name):
     was it due, claimed and sent, every attempt and skip, the lock's holder, the audit."""
     app = current_app(ctx)
-    with reported_errors(), connection(app) as (conn, _):
-        found = reads.why(app, conn, name, slot, resolve=lambda given: resolve_lock(app, given))
+    with reported_errors(), connection(app) as statements:
+        found = reads.why(
+            app, statements, name, slot, resolve=lambda given: resolve_lock(app, given)
+        )
     if as_json:
         output.echo_json(ops.jsonable(found))
         return

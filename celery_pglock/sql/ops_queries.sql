@@ -127,7 +127,7 @@ SELECT DISTINCT l.pid AS backend_pid, pg_terminate_backend(l.pid) AS terminated
    AND l.pid = ANY(%(pids)s::integer[]);
 
 -- name: ops_still_held
-SELECT count(*) FROM pg_locks l
+SELECT count(*) AS held FROM pg_locks l
  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
    AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
    AND l.pid = ANY(%(pids)s::integer[]);

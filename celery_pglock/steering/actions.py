@@ -53,8 +53,8 @@ def moment(text: str) -> datetime:
 def pause(op: Operator, entry: str, reason: str | None) -> Row:
     """Pause ``entry``: the pause in force (``new`` false when it already was)."""
     Schedule(op.app).entry(entry)
-    with op.connection() as (conn, _):
-        return controls.pause(conn, op.target, entry, reason)
+    with op.connection() as statements:
+        return controls.pause(statements, op.target, entry, reason)
 
 
 def resume(op: Operator, entry: str, *, catch_up: bool, send: replay.Send) -> Row:
@@ -63,8 +63,8 @@ def resume(op: Operator, entry: str, *, catch_up: bool, send: replay.Send) -> Ro
     schedule = Schedule(op.app)
     found = schedule.entry(entry)
     limit = BeatSettings.from_app(op.app).entry_catch_up(found)[1] if catch_up else 0
-    with op.connection() as (conn, _):
-        done = controls.resume(conn, op.target, entry, catch_up=limit)
+    with op.connection() as statements:
+        done = controls.resume(statements, op.target, entry, catch_up=limit)
     if done is None:
         raise NothingToDo(f"{entry} is not paused")
     plan = replay.sending(done["caught_up"])
@@ -80,9 +80,9 @@ def trigger(op: Operator, entry: str, *, slot: str | None, send: replay.Send) ->
     found = schedule.entry(entry)
     slot = checked_slot("slot", slot) if slot is not None else controls.manual_slot()
     lock = schedule.lock_name(found)
-    with op.connection() as (conn, _):
+    with op.connection() as statements:
         done = controls.record_trigger(
-            conn, op.target, entry=entry, task=found.task, lock_name=lock, slot=slot
+            statements, op.target, entry=entry, task=found.task, lock_name=lock, slot=slot
         )
     if done["send"]:
         send(op, found, lock, replay.sending([slot]))
@@ -96,8 +96,8 @@ def rerun(op: Operator, name: str, slot: str, reason: str, *, send: replay.Send)
         raise ConfigurationError("a reason is required: it must say why the slot runs again")
     entry, lock = replay.entry_of(Schedule(op.app), name)
     slot = checked_slot("slot", slot)
-    with op.connection() as (conn, _):
-        previous = controls.reopen(conn, op.target, lock_name=lock, slot=slot, reason=reason)
+    with op.connection() as statements:
+        previous = controls.reopen(statements, op.target, lock_name=lock, slot=slot, reason=reason)
     if previous is None:
         raise NothingToDo(
             f"slot {slot} of {lock} has not succeeded: nothing to run again "
@@ -107,8 +107,8 @@ def rerun(op: Operator, name: str, slot: str, reason: str, *, send: replay.Send)
     send(op, entry, lock, plan)
     done: Row = {"lock_name": lock, "slot": slot, "previous": previous}
     if "outcome" in item:
-        with op.connection() as (conn, tables):
-            row = controls.run_row(conn, tables, lock, slot)
+        with op.connection() as statements:
+            row = controls.run_row(statements, lock, slot)
         done.update(outcome=item["outcome"], token=row["token"] if row else None)
     return done
 
@@ -145,8 +145,8 @@ def backfill_plan(
     if not wanted:
         raise NothingToDo(f"{entry} has no slot in that range (see `pglock schedule --from`)")
     lock = schedule.lock_name(found)
-    with op.connection() as (conn, tables):
-        rows = controls.slot_rows(conn, tables, lock, wanted)
+    with op.connection() as statements:
+        rows = controls.slot_rows(statements, lock, wanted)
     return Backfill(found, lock, start, end, replay.plan(rows, wanted))
 
 
@@ -163,9 +163,9 @@ def backfill(
     audited before the first is sent."""
     found = backfill_plan(op, entry, start, end, limit=limit)
     sent = found.as_json()["sending"]
-    with op.connection() as (conn, _):
+    with op.connection() as statements:
         controls.audit(
-            conn,
+            statements,
             op.target,
             "backfill",
             entry=entry,
@@ -193,9 +193,9 @@ def lock_to_release(op: Operator, name: str, *, any_namespace: bool = False) -> 
 def release(op: Operator, name: str, *, any_namespace: bool = False) -> ops.ForcedRelease:
     """End the session(s) holding lock ``name`` (a lock or a task name), audited."""
     lock = lock_to_release(op, name, any_namespace=any_namespace)
-    with op.connection() as (conn, tables):
-        done = ops.force_release(conn, tables, lock)
+    with op.connection() as statements:
+        done = ops.force_release(statements, lock)
         if done is None or not done.terminated:
             raise NothingToDo(f"lock {lock!r} is not held")
-        controls.audit(conn, op.target, "release", lock_name=lock, terminated=done.terminated)
+        controls.audit(statements, op.target, "release", lock_name=lock, terminated=done.terminated)
     return done

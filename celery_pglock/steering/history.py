@@ -20,11 +20,10 @@ from celery.schedules import crontab, schedule, solar
 from celery_pglock import controls, ops, preview, slots
 from celery_pglock.beat.freshness import entries_freshness
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.ops import Row, fetch
-from celery_pglock.schema import Tables
+from celery_pglock.ops import Row
 from celery_pglock.steering.apps import Schedule, known_lock_names, namespace
 from celery_pglock.steering.reads import freshness_row
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 
 STRIP = 48  # slots per entry on the overview
 PER_PAGE = 50  # entries per page of the overview
@@ -138,8 +137,7 @@ def _by_entry(rows: Iterable[Row]) -> dict[str, list[Row]]:
 
 def overview(
     app: Any,
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     *,
     page: int = 0,
     now: datetime | None = None,
@@ -152,8 +150,8 @@ def overview(
     settings = BeatSettings.from_app(app)
     ns = namespace(app)
     known = known_lock_names(app)
-    status = ops.status(conn, tables, namespace=ns, known_names=known, limits=known, skips=0)
-    looks = entries_freshness(conn, settings, entries.entries.values(), entries.lock_name)
+    status = ops.status(statements, namespace=ns, known_names=known, limits=known, skips=0)
+    looks = entries_freshness(statements, settings, entries.entries.values(), entries.lock_name)
     fresh = {f.entry: freshness_row(f) for f in looks}
     overdue = {name: row["overdue_seconds"] for name, row in fresh.items()}
     order = sorted(
@@ -163,14 +161,12 @@ def overview(
     shown = order[page * PER_PAGE : (page + 1) * PER_PAGE]
     locks = {name: entries.lock_name(entries.entries[name]) for name in shown}
     params = {"lock_names": list(locks.values()), "entries": list(locks)}
-    rows = _by_entry(fetch(conn, tables.query("web_strip"), {**params, "limit": STRIP}))
+    rows = _by_entry(statements.rows("web_strip", {**params, "limit": STRIP}))
     since = now - STATS_WINDOW
-    stats = {
-        row["entry"]: row
-        for row in fetch(conn, tables.query("web_stats"), {**params, "since": since})
-    }
-    successes = {row["entry"]: row for row in fetch(conn, tables.query("web_last_success"), params)}
-    paused = {row["entry"]: row for row in controls.pauses(conn, controls.Target(tables, ns, ""))}
+    stats = {row["entry"]: row for row in statements.rows("web_stats", {**params, "since": since})}
+    successes = {row["entry"]: row for row in statements.rows("web_last_success", params)}
+    view = controls.Target(statements.tables, ns, "")
+    paused = {row["entry"]: row for row in controls.pauses(statements, view)}
     align = settings.align_intervals
     found = [
         _entry_row(
@@ -243,8 +239,7 @@ def _entry_row(
 
 def entry_history(
     app: Any,
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     name: str,
     *,
     since: datetime,
@@ -258,16 +253,11 @@ def entry_history(
     entry = entries.entry(name)
     lock = entries.lock_name(entry)
     window = {"lock_name": lock, "entry": name, "since": since, "until": until}
-    runs = fetch(
-        conn, tables.query("web_entry_runs"), {**window, "limit": TIMELINE_LIMIT, "offset": 0}
-    )
-    table = fetch(
-        conn, tables.query("web_entry_runs"), {**window, "limit": PAGE + 1, "offset": page * PAGE}
-    )
+    runs = statements.rows("web_entry_runs", {**window, "limit": TIMELINE_LIMIT, "offset": 0})
+    table = statements.rows("web_entry_runs", {**window, "limit": PAGE + 1, "offset": page * PAGE})
     ns = namespace(app)
-    paused = [
-        p for p in controls.pauses(conn, controls.Target(tables, ns, "")) if p["entry"] == name
-    ]
+    view = controls.Target(statements.tables, ns, "")
+    paused = [p for p in controls.pauses(statements, view) if p["entry"] == name]
     return {
         "entry": name,
         "task": entry.task,
@@ -279,16 +269,15 @@ def entry_history(
         "page": page,
         "rows": table[:PAGE],
         "more": len(table) > PAGE,
-        "skips": fetch(conn, tables.query("web_entry_skips"), {**window, "limit": SKIPS_LIMIT}),
-        "waiting": fetch(conn, tables.query("web_entry_waiting"), {"lock_name": lock}),
+        "skips": statements.rows("web_entry_skips", {**window, "limit": SKIPS_LIMIT}),
+        "waiting": statements.rows("web_entry_waiting", {"lock_name": lock}),
         "paused": paused[0] if paused else None,
-        "audit": audit_trail(conn, tables, ns, entry=name, lock_name=lock, limit=20),
+        "audit": audit_trail(statements, ns, entry=name, lock_name=lock, limit=20),
     }
 
 
 def audit_trail(
-    conn: Connection,
-    tables: Tables,
+    statements: Statements,
     ns: str,
     *,
     entry: str | None = None,
@@ -298,4 +287,4 @@ def audit_trail(
 ) -> list[Row]:
     """The namespace's audit rows, newest first (``entry``: its rows and its lock's)."""
     params = {"namespace": ns, "entry": entry, "lock_name": lock_name, "limit": limit}
-    return fetch(conn, tables.query("web_audit"), {**params, "offset": offset})
+    return statements.rows("web_audit", {**params, "offset": offset})

@@ -1,8 +1,8 @@
 """Who steers, and the one way an operator's face opens a connection to PostgreSQL.
 
 The CLI, the dashboard and its background sends each label their connection (what
-``pg_stat_activity`` and the server's logs show) and translate the driver's errors at the
-same boundary; a long-running command first waits for PostgreSQL, as a worker does.
+``pg_stat_activity`` and the server's logs show) and act through the store's named
+statements; a long-running command first waits for PostgreSQL, as a worker does.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from celery import Celery
 
 from celery_pglock import controls
 from celery_pglock.config import app_settings
-from celery_pglock.schema import Tables
 from celery_pglock.startup import wait_for_postgres
 from celery_pglock.steering.apps import target
 from celery_pglock.store.connections import connect
 from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
+from celery_pglock.store.statements import Statements, adopted
 
 LABEL_BYTES = 63  # PostgreSQL keeps this much of an application_name
 
@@ -36,8 +35,8 @@ def connection(
     wait: bool = False,
     who: str = "pglock",
     logger: logging.Logger = logger,
-) -> Iterator[tuple[Connection, Tables]]:
-    """A connection of ``app``'s settings, labelled ``label``, and its tables; ``wait``:
+) -> Iterator[Statements]:
+    """Statements on a connection of ``app``'s settings, labelled ``label``; ``wait``:
     waiting for PostgreSQL while it is away (``who`` and ``logger`` say so meanwhile)."""
     settings = app_settings(app)
     name = label.encode()[:LABEL_BYTES].decode("utf-8", "ignore")
@@ -46,8 +45,8 @@ def connection(
         return connect(settings, application_name=name)
 
     conn = wait_for_postgres(settings, attempt, who=who, logger=logger) if wait else attempt()
-    with conn, boundary(settings, conn):
-        yield conn, settings.tables
+    with adopted(conn, settings) as statements:
+        yield statements
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,8 @@ class Operator:
         return target(self.app, self.actor)
 
     @contextmanager
-    def connection(self) -> Iterator[tuple[Connection, Tables]]:
+    def connection(self) -> Iterator[Statements]:
         with connection(
             self.app, self.label, wait=self.wait, who=self.who, logger=self.logger
-        ) as opened:
-            yield opened
+        ) as statements:
+            yield statements

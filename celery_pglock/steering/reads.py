@@ -16,10 +16,8 @@ from celery import Celery
 from celery_pglock import controls, ops, slots
 from celery_pglock.beat.freshness import Freshness, entries_freshness
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.config import tables_of
 from celery_pglock.errors import ConfigurationError, NotPgLockScheduler
 from celery_pglock.ops import Row
-from celery_pglock.schema import Tables
 from celery_pglock.steering.apps import (
     Schedule,
     app_tasks,
@@ -30,7 +28,7 @@ from celery_pglock.steering.apps import (
     schedule_or_none,
     target,
 )
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 
 
 def freshness_row(fresh: Freshness) -> Row:
@@ -63,19 +61,20 @@ class StatusView:
         return result
 
 
-def status(app: Celery, conn: Connection, tables: Tables, *, skips: int = 10) -> StatusView:
+def status(app: Celery, statements: Statements, *, skips: int = 10) -> StatusView:
     """Held locks, beat leader and standbys, running runs, recent skips, pauses, the app's
     tasks and its entries' freshness (overdue first)."""
     known = known_lock_names(app)
     found = ops.status(
-        conn, tables, namespace=namespace(app), known_names=known, limits=known, skips=skips
+        statements, namespace=namespace(app), known_names=known, limits=known, skips=skips
     )
-    paused = controls.pauses(conn, controls.Target(tables, found.namespace, ops.operator()))
-    fresh, note = freshness(app, conn)
+    view = controls.Target(statements.tables, found.namespace, ops.operator())
+    paused = controls.pauses(statements, view)
+    fresh, note = freshness(app, statements)
     return StatusView(found, paused, fresh, registered_tasks(app), note)
 
 
-def freshness(app: Celery, conn: Connection) -> tuple[list[Freshness], str | None]:
+def freshness(app: Celery, statements: Statements) -> tuple[list[Freshness], str | None]:
     """Entries with ``pglock_overdue_after``, overdue first; none without a PgLockScheduler.
     The second value says why none are shown when the beat schedule did not load."""
     try:
@@ -85,12 +84,13 @@ def freshness(app: Celery, conn: Connection) -> tuple[list[Freshness], str | Non
     except Exception as exc:  # noqa: BLE001 - an optional section never costs the status
         return [], f"(freshness not shown: the beat schedule did not load: {exc})"
     settings = BeatSettings.from_app(app)
-    return entries_freshness(conn, settings, schedule.entries.values(), schedule.lock_name), None
+    fresh = entries_freshness(statements, settings, schedule.entries.values(), schedule.lock_name)
+    return fresh, None
 
 
 def why(
     app: Celery,
-    conn: Connection,
+    statements: Statements,
     name: str,
     slot: str,
     *,
@@ -106,9 +106,9 @@ def why(
     else:
         lock = (resolve or (lambda given: lock_of(app, given)))(name)
     found = controls.why(
-        conn, target(app, None), lock_name=lock, slot=slot, entry=name if entry else None
+        statements, target(app, None), lock_name=lock, slot=slot, entry=name if entry else None
     )
-    if entry is None and not _known(app, conn, name, lock, found):
+    if entry is None and not _known(app, statements, name, lock, found):
         near = difflib.get_close_matches(name, _names(app, schedule), n=3, cutoff=0.5)
         hint = f": did you mean {', '.join(near)}?" if near else ""
         raise ConfigurationError(f"no beat entry, task or lock {name!r} has any slot{hint}")
@@ -116,11 +116,11 @@ def why(
     return found
 
 
-def _known(app: Celery, conn: Connection, name: str, lock: str, found: Row) -> bool:
+def _known(app: Celery, statements: Statements, name: str, lock: str, found: Row) -> bool:
     """Whether ``name`` is something this app or its ledger knows, whatever the slot."""
     if name in app_tasks(app) or lock != name or found["run"] or found["skips"] or found["sends"]:
         return True
-    return controls.lock_has_rows(conn, tables_of(app.conf), lock)
+    return controls.lock_has_rows(statements, lock)
 
 
 def _names(app: Celery, schedule: Schedule | None) -> list[str]:

@@ -20,9 +20,8 @@ from celery_pglock import controls, slots
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.ops import Row
-from celery_pglock.schema import Tables
 from celery_pglock.steering.apps import Schedule, send
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 
 if TYPE_CHECKING:
     from celery_pglock.steering.operator import Operator
@@ -45,8 +44,7 @@ class Delivery:
     """Slots of one entry sent by name, one at a time, each waited for until final."""
 
     app: Celery
-    conn: Connection
-    tables: Tables
+    statements: Statements
     entry: Any
     lock: str
 
@@ -68,10 +66,10 @@ class Delivery:
         """How message ``task_id`` ended: its attempt's final state, or its skip."""
         deadline = time.monotonic() + DELIVERY_TIMEOUT
         while time.monotonic() < deadline:
-            row = controls.run_row(self.conn, self.tables, self.lock, slot)
+            row = controls.run_row(self.statements, self.lock, slot)
             if row is not None and row["task_id"] == task_id and row["state"] in FINAL_STATES:
                 return str(row["state"]) + (f" ({row['reason']})" if row["reason"] else "")
-            skips = controls.skips_of(self.conn, self.tables, self.lock, slot)
+            skips = controls.skips_of(self.statements, self.lock, slot)
             if any(skip["task_id"] == task_id for skip in skips):
                 reason = next(s["reason"] for s in skips if s["task_id"] == task_id)
                 return f"skipped ({reason})"
@@ -150,8 +148,8 @@ def waiting_for_each(rate: float = math.inf) -> Send:
     ``rate`` a second (``send_plan``); each sent item gets its ``outcome``."""
 
     def deliver(op: Operator, entry: Any, lock: str, plan: list[dict[str, Any]]) -> None:
-        with op.connection() as (conn, tables):
-            send_plan(plan, Delivery(op.app, conn, tables, entry, lock), rate)
+        with op.connection() as statements:
+            send_plan(plan, Delivery(op.app, statements, entry, lock), rate)
 
     return deliver
 

@@ -173,15 +173,15 @@ def _review(board: Dashboard, identity: Identity, kind: str, fields: dict[str, s
     op = _operator(board, identity)
     if kind == "release":
         name = actions.lock_to_release(op, _required(fields, "lock", "the lock's name"))
-        with board.connection() as (conn, tables):
-            return {"holders": ops.holders(conn, tables, name)}
+        with board.connection() as statements:
+            return {"holders": ops.holders(statements, name)}
     schedule = Schedule(board.app)
     if kind == "rerun":
         _required(fields, "reason", "a reason")
         entry, lock = replay.entry_of(schedule, _required(fields, "entry", "the entry"))
         slot = checked_slot("slot", _required(fields, "slot", "the slot"))
-        with board.connection() as (conn, tables):
-            return {"row": controls.run_row(conn, tables, lock, slot), "lock_name": lock}
+        with board.connection() as statements:
+            return {"row": controls.run_row(statements, lock, slot), "lock_name": lock}
     entry = schedule.entry(_required(fields, "entry", "the entry"))
     if kind == "backfill":
         start, end = _window(fields)

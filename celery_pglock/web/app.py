@@ -33,10 +33,9 @@ from celery_pglock.errors import (
     SchemaMissing,
     UnknownEntry,
 )
-from celery_pglock.schema import Tables, statement
 from celery_pglock.steering import history, operator, reads
 from celery_pglock.steering.apps import namespace
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.statements import Statements
 from celery_pglock.web import actions, svg
 from celery_pglock.web.security import HEADERS, Credentials, Csrf, Identity
 
@@ -133,31 +132,31 @@ class Dashboard:
     # -- the connection ------------------------------------------------------------------
 
     @contextmanager
-    def connection(self) -> Iterator[tuple[Connection, Tables]]:
-        with operator.connection(self.app, actions.LABEL) as (conn, tables):
-            conn.execute(statement("web_jit_off"))
-            yield conn, tables
+    def connection(self) -> Iterator[Statements]:
+        with operator.connection(self.app, actions.LABEL) as statements:
+            statements.run("web_jit_off")
+            yield statements
 
     # -- pages ---------------------------------------------------------------------------
 
     def on_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
-        with self.connection() as (conn, tables):
-            found = history.overview(self.app, conn, tables, page=_page(request))
+        with self.connection() as statements:
+            found = history.overview(self.app, statements, page=_page(request))
         strips = {entry["entry"]: svg.strip_svg(entry["strip"]) for entry in found["entries"]}
         return self.page(request, urls, identity, "overview.html", found=found, strips=strips)
 
     def on_api_overview(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
-        with self.connection() as (conn, tables):
-            return _json(history.overview(self.app, conn, tables, page=_page(request)))
+        with self.connection() as statements:
+            return _json(history.overview(self.app, statements, page=_page(request)))
 
     def _entry(self, request: Request, name: str) -> dict[str, Any]:
         hours = min(MAX_HOURS, max(1, _int(request.args.get("hours"), 24)))
         page = max(0, _int(request.args.get("page"), 0))
         until = datetime.now(timezone.utc)
         since = until - timedelta(hours=hours)
-        with self.connection() as (conn, tables):
+        with self.connection() as statements:
             found = history.entry_history(
-                self.app, conn, tables, name, since=since, until=until, page=page
+                self.app, statements, name, since=since, until=until, page=page
             )
         found["hours"] = hours
         return found
@@ -184,8 +183,8 @@ class Dashboard:
         name, slot = request.args.get("name", ""), request.args.get("slot", "")
         if not name or not slot:
             raise ConfigurationError("give name (an entry, task or lock) and slot")
-        with self.connection() as (conn, _):
-            return reads.why(self.app, conn, name, slot)
+        with self.connection() as statements:
+            return reads.why(self.app, statements, name, slot)
 
     def on_slot(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         found = self._slot(request)
@@ -198,8 +197,8 @@ class Dashboard:
 
     def _status(self, request: Request) -> reads.StatusView:
         skips = max(0, _int(request.args.get("skips"), 10))
-        with self.connection() as (conn, tables):
-            return reads.status(self.app, conn, tables, skips=skips)
+        with self.connection() as statements:
+            return reads.status(self.app, statements, skips=skips)
 
     def on_locks(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         view = self._status(request)
@@ -211,10 +210,9 @@ class Dashboard:
     def _audit(self, request: Request) -> dict[str, Any]:
         page = max(0, _int(request.args.get("page"), 0))
         entry = request.args.get("entry") or None
-        with self.connection() as (conn, tables):
+        with self.connection() as statements:
             rows = history.audit_trail(
-                conn,
-                tables,
+                statements,
                 namespace(self.app),
                 entry=entry,
                 lock_name=entry,

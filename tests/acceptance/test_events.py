@@ -37,6 +37,7 @@ from celery_pglock.schema import Tables
 from celery_pglock.states import SKIPPED
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import close_all
+from celery_pglock.store.statements import OnConnection
 from tests.apps import testapp
 from tests.apps.harness import app_env, configure_client
 from tests.fixtures.procs import Procs, wait_until
@@ -271,7 +272,7 @@ def test_signals_fire_for_acquire_skip_and_lost_lock(
         assert "locked" == duplicate.get(timeout=RESULT_TIMEOUT)["reason"]
         assert SKIPPED == duplicate.state
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            assert ops.force_release(conn, Tables(pglock_schema), name) is not None
+            assert ops.force_release(OnConnection(conn, Tables(pglock_schema)), name) is not None
         wait_until(lambda: received.of("lock_lost"), timeout=RESULT_TIMEOUT)
         gate.set()
         assert "ran" == running.get(timeout=RESULT_TIMEOUT)

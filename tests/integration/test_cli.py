@@ -31,6 +31,7 @@ from celery_pglock.locks import acquire, release
 from celery_pglock.schema import latest_version
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database
+from celery_pglock.store.statements import OnConnection
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
@@ -186,7 +187,7 @@ def test_every_field_of_status_and_runs_json_is_documented_once(
     waiting.decide(db, waiter, waiting.Message(TASK, [], {}, "json", "celery", "celery"))
     target = controls.Target(db.tables, pglock_schema, "alice")
     with db.connection() as conn:
-        controls.pause(conn, target, "nightly", "ticket 1")
+        controls.pause(OnConnection(conn, db.tables), target, "nightly", "ticket 1")
         params = {"namespace": pglock_schema, "task_name": TASK, "origin": "gen1@host"}
         conn.execute(db.tables.query("record_rogue_send"), params)
 

@@ -30,6 +30,7 @@ from celery_pglock.locks import acquire, release
 from celery_pglock.schema import Tables
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database, close_all
+from celery_pglock.store.statements import OnConnection
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database, skipped
 
@@ -131,7 +132,7 @@ def test_status_shows_session_holder_with_who_since_and_running_row(
     name = f"{pglock_schema}:nightly"
     holder = start_holder(procs, pg_dsn, pglock_schema, name, slot=SLOT, task_id="t-night")
 
-    found = ops.status(conn, db.tables, namespace=pglock_schema)
+    found = ops.status(OnConnection(conn, db.tables), namespace=pglock_schema)
 
     who = lock_entry(found.locks, name)["holder"]
     expected = {
@@ -160,8 +161,8 @@ def test_status_names_transaction_holder_from_its_application_name(
         procs, pg_dsn, pglock_schema, name, scope="transaction", slot=SLOT, task_id="t-tx"
     )
 
-    named = lock_entry(ops.locks(conn, db.tables, known_names=[name]), name)
-    unnamed = lock_entry(ops.locks(conn, db.tables), name)
+    named = lock_entry(ops.locks(OnConnection(conn, db.tables), known_names=[name]), name)
+    unnamed = lock_entry(ops.locks(OnConnection(conn, db.tables)), name)
 
     assert (name, None) == (named["lock"], unnamed["lock"])
     who = named["holder"]
@@ -182,7 +183,7 @@ def test_transaction_holder_is_not_mistaken_for_the_previous_run_on_its_backend(
         second = granted(acquire(one, claim(name, "slot-2", "t-second"), "transaction", None))
         try:
             assert first.connection is second.connection  # the same server session
-            who = lock_entry(ops.locks(conn, one.tables), name)["holder"]
+            who = lock_entry(ops.locks(OnConnection(conn, one.tables)), name)["holder"]
         finally:
             release(one, second, SUCCEEDED)
 
@@ -219,7 +220,7 @@ def test_status_shows_beat_leader_and_standby(db: Database, conn: Conn, pglock_s
         wait_until(lambda: any(e.is_leader() for e in elections), message="a leader")
 
         def beat() -> dict[str, Any] | None:
-            view = ops.status(conn, db.tables, namespace=pglock_schema).beat
+            view = ops.status(OnConnection(conn, db.tables), namespace=pglock_schema).beat
             return view if view["leader"] and view["standbys"] else None
 
         view = wait_until(beat, message="a leader and a standby in status")
@@ -245,7 +246,7 @@ def test_running_row_of_killed_holder_is_flagged_gone(
     holder.proc.kill()
     wait_until(lambda: not lock_holders(conn, name), message="the lock to be freed")
 
-    rows = [row for row in ops.running(conn, db.tables) if row["lock_name"] == name]
+    rows = [row for row in ops.running(OnConnection(conn, db.tables)) if row["lock_name"] == name]
     assert [(SLOT, False)] == [(row["slot"], row["holder_alive"]) for row in rows]
 
 
@@ -254,9 +255,9 @@ def test_read_operations_need_the_tables(pg_dsn: str, pglock_schema: str, conn: 
     tables = Tables(pglock_schema)
 
     with pytest.raises(SchemaMissing, match="pglock migrate"):
-        ops.status(conn, tables, namespace="x")
+        ops.status(OnConnection(conn, tables), namespace="x")
     with pytest.raises(SchemaMissing, match=pglock_schema):
-        ops.runs(conn, tables)
+        ops.runs(OnConnection(conn, tables))
 
 
 # -- runs --------------------------------------------------------------------------------
@@ -274,7 +275,7 @@ def test_runs_report_attempts_tokens_duration_and_skips(
     release(db, second, SUCCEEDED)
     skipped(acquire(db, claim(name, SLOT), "session", None))  # after success: done
 
-    [run] = ops.runs(conn, db.tables, task=name)
+    [run] = ops.runs(OnConnection(conn, db.tables), task=name)
 
     expected = {"state": "succeeded", "attempts": 2, "token": second.token, "skips": 2}
     assert expected == {key: run[key] for key in expected}
@@ -299,7 +300,9 @@ def test_runs_filter_by_task_state_since_and_limit(
     )
 
     def names(**filters: Any) -> list[str]:
-        return sorted(row["lock_name"] for row in ops.runs(conn, db.tables, **filters))
+        return sorted(
+            row["lock_name"] for row in ops.runs(OnConnection(conn, db.tables), **filters)
+        )
 
     assert [f"{prefix}-1"] == names(task=f"{prefix}-1")
     assert [f"{prefix}-{i}" for i in range(3)] == names(task=f"{prefix}-*")
@@ -321,7 +324,7 @@ def test_release_ends_holder_session_and_holder_notices(
     holder = start_holder(procs, db.settings.dsn, pglock_schema, name, task_id="t-stuck")
 
     with caplog.at_level(logging.WARNING, logger="celery_pglock"):
-        done = ops.force_release(conn, db.tables, name)
+        done = ops.force_release(OnConnection(conn, db.tables), name)
 
     assert done is not None
     assert done.released
@@ -338,7 +341,7 @@ def test_release_ends_holder_session_and_holder_notices(
 
 def test_release_of_a_free_lock_does_nothing(db: Database, conn: Conn, pglock_schema: str) -> None:
     """Releasing a lock nobody holds returns None and ends no session."""
-    assert ops.force_release(conn, db.tables, f"{pglock_schema}:free") is None
+    assert ops.force_release(OnConnection(conn, db.tables), f"{pglock_schema}:free") is None
 
 
 # -- prune -------------------------------------------------------------------------------
@@ -397,7 +400,7 @@ def test_prune_deletes_only_what_retention_allows(
         holder_row = {"n": f"{name}-holder", "k": lock_key(f"{name}-holder"), "age": age}
         execute(conn, db, INSERT_HOLDER, {**holder_row, "backend": holder.backend_pid})
 
-    done = retention.prune(conn, db.tables, timedelta(days=7))
+    done = retention.prune(OnConnection(conn, db.tables), timedelta(days=7))
 
     assert {"runs": 4, "skips": 1, "beat_sends": 1, "holders": 1} == done.deleted
     assert done.complete
@@ -422,7 +425,9 @@ def test_prune_goes_in_batches_and_never_waits_for_a_locked_row(
         results: list[retention.PruneResult] = []
 
         def run_prune() -> None:
-            results.append(retention.prune(conn, db.tables, timedelta(days=7), batch=2))
+            results.append(
+                retention.prune(OnConnection(conn, db.tables), timedelta(days=7), batch=2)
+            )
             finished.set()
 
         threading.Thread(target=run_prune, daemon=True).start()
@@ -437,7 +442,7 @@ def test_prune_goes_in_batches_and_never_waits_for_a_locked_row(
 def test_prune_refuses_a_retention_below_the_minimum(db: Database, conn: Conn) -> None:
     """Pruning younger than an hour is refused: a redelivery could run its slot twice."""
     with pytest.raises(ConfigurationError, match="minimum"):
-        retention.prune(conn, db.tables, timedelta(minutes=5))
+        retention.prune(OnConnection(conn, db.tables), timedelta(minutes=5))
 
 
 def test_auto_prune_runs_at_most_once_per_interval(db: Database, conn: Conn) -> None:

@@ -23,6 +23,7 @@ from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Claim, Lease
 from celery_pglock.store import database as db_module
 from celery_pglock.store.database import Database
+from celery_pglock.store.statements import OnConnection
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,
@@ -222,11 +223,11 @@ def test_an_operator_ending_a_shared_session_is_told_what_else_it_frees(
     first = granted(acquire(db, claim(f"{job}-1", "s"), "session", 30.0))
     second = granted(acquire(db, claim(f"{job}-2", "s"), "session", 30.0))
 
-    [holder] = ops.holders(pg_conn, db.tables, f"{job}-1")
+    [holder] = ops.holders(OnConnection(pg_conn, db.tables), f"{job}-1")
     assert 1 == holder["other_locks"]
     note = output.shared_note([holder])
     assert f"backend {holder['backend_pid']} also holds 1 other advisory locks" in note
-    done = ops.force_release(pg_conn, db.tables, f"{job}-1")
+    done = ops.force_release(OnConnection(pg_conn, db.tables), f"{job}-1")
     assert done is not None
     assert done.released
     assert [] == lock_holders(pg_conn, f"{job}-2")

@@ -1,0 +1,110 @@
+"""Statements by name: the one way code above the store talks to PostgreSQL.
+
+A caller names a statement of ``sql/*queries.sql`` and passes its parameters; it gets
+rows back as dicts, or one of the library's errors (``errors``), never the driver's. A
+mapping among the parameters is sent as JSON (``jsonb``); a list stays an array.
+
+``Statements`` is what the callers see; ``OnConnection`` runs it on one psycopg
+connection, and ``celery_pglock.store.memory`` is its in-memory twin for unit tests (the
+contract tests in ``tests/contract`` run on both, so the two cannot drift apart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from celery_pglock.config import Settings
+from celery_pglock.schema import Tables
+from celery_pglock.store import migrations
+from celery_pglock.store.connections import connect
+from celery_pglock.store.driver import Connection
+from celery_pglock.store.failures import boundary
+
+Row = dict[str, Any]
+Params = Mapping[str, Any]
+
+
+class Statements(Protocol):
+    """Named statements on one connection of the app's ``tables``."""
+
+    tables: Tables
+
+    def rows(self, name: str, params: Params | None = None) -> list[Row]:
+        """Every row of statement ``name``."""
+
+    def row(self, name: str, params: Params | None = None) -> Row | None:
+        """The first row of statement ``name``, None when it returns none."""
+
+    def run(self, name: str, params: Params | None = None) -> int:
+        """Run statement ``name`` for its effect: how many rows it changed."""
+
+    def transaction(self) -> Any:
+        """A context: the statements inside commit together, or none of them does."""
+
+    def schema_version(self) -> int | None:
+        """The applied schema version, None when the library's tables do not exist."""
+
+
+class OnConnection:
+    """``Statements`` on a psycopg connection (autocommit outside ``transaction``)."""
+
+    def __init__(self, conn: Connection, tables: Tables, settings: Settings | None = None):
+        self.conn = conn
+        self.tables = tables
+        self._settings = settings
+
+    def __repr__(self) -> str:
+        return f"<OnConnection {self.tables.schema}.{self.tables.prefix}*>"
+
+    def rows(self, name: str, params: Params | None = None) -> list[Row]:
+        with self._boundary(), self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(self.tables.query(name), _bound(params))
+            return cur.fetchall() if cur.description is not None else []
+
+    def row(self, name: str, params: Params | None = None) -> Row | None:
+        found = self.rows(name, params)
+        return found[0] if found else None
+
+    def run(self, name: str, params: Params | None = None) -> int:
+        with self._boundary(), self.conn.cursor() as cur:
+            return cur.execute(self.tables.query(name), _bound(params)).rowcount
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._boundary(), self.conn.transaction():
+            yield
+
+    def schema_version(self) -> int | None:
+        with self._boundary():
+            return migrations.current_version(self.conn, self.tables)
+
+    def _boundary(self) -> Any:
+        return boundary(self._settings, self.conn)
+
+
+@contextmanager
+def adopted(conn: Connection, settings: Settings) -> Iterator[OnConnection]:
+    """Statements on ``conn``, a connection of ``settings``, closed afterwards; the
+    driver's errors inside become the library's."""
+    with conn, boundary(settings, conn):
+        yield OnConnection(conn, settings.tables, settings)
+
+
+@contextmanager
+def opened(settings: Settings, **overrides: Any) -> Iterator[OnConnection]:
+    """Statements on a new connection of ``settings`` (``connect``'s ``overrides``)."""
+    with adopted(connect(settings, **overrides), settings) as statements:
+        yield statements
+
+
+def _bound(params: Params | None) -> dict[str, Any]:
+    """``params`` as the driver takes them: a mapping becomes JSON."""
+    return {
+        key: Jsonb(value) if isinstance(value, Mapping) else value
+        for key, value in (params or {}).items()
+    }
