@@ -8,8 +8,8 @@ statements; a long-running command first waits for PostgreSQL, as a worker does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from celery import Celery
@@ -52,7 +52,9 @@ def connection(
 @dataclass(frozen=True)
 class Operator:
     """Who acts on ``app`` (``actor``: the audit's ``user@host``, ``web:<user>``) and how
-    their connections are opened (``label``; ``wait``: for PostgreSQL, if away)."""
+    their connections are opened (``label``; ``wait``: for PostgreSQL, if away).
+
+    ``opener``, when given, opens the statements instead (a test's in-memory store)."""
 
     app: Celery
     actor: str
@@ -60,6 +62,7 @@ class Operator:
     wait: bool = False
     who: str = "pglock"
     logger: logging.Logger = logger
+    opener: Callable[[], AbstractContextManager[Statements]] | None = None
 
     @property
     def target(self) -> controls.Target:
@@ -68,6 +71,10 @@ class Operator:
 
     @contextmanager
     def connection(self) -> Iterator[Statements]:
+        if self.opener is not None:
+            with self.opener() as statements:
+                yield statements
+            return
         with connection(
             self.app, self.label, wait=self.wait, who=self.who, logger=self.logger
         ) as statements:
