@@ -36,10 +36,10 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(call phases,)
 
-## make test-fast: the inner loop, in under three minutes: lint, types, the unit and the
-## integration tiers (both phases, as make pytest).
+## make test-fast: the inner loop, in under three minutes: lint, types, the unit, the
+## contract and the integration tiers (both phases, as make pytest).
 test-fast: lint typecheck
-	$(call phases,tests/unit tests/integration)
+	$(call phases,tests/unit tests/contract tests/integration)
 
 PYTEST_WORKERS ?= 4
 # $(call phase,MARKERS,OPTIONS,PATHS): one pytest run; status 5 (nothing selected) is success.
@@ -60,9 +60,10 @@ endef
 test-chaos: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider -m campaign -s -q tests/chaos/test_chaos.py $(PYTEST_ARGS)
 
-## make test-integration: only the PostgreSQL tier (CI runs it again on the embedded server)
+## make test-integration: only the PostgreSQL tiers, the contract tests' included (CI runs
+## them again on the embedded server)
 test-integration: $(STAMP)
-	$(call phases,tests/integration)
+	$(call phases,tests/contract tests/integration)
 
 ## make test-failover: the failover tier alone (a real primary and streaming replica,
 ## tests/failover); PG_BIN picks the PostgreSQL binaries (default: the newest found, the
