@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import psycopg
-
 from celery_pglock.config import tables_of
 from celery_pglock.errors import StaleToken
 from celery_pglock.schema import Tables
+from celery_pglock.store.driver import is_connection
 
 
 def fence(conn: Any, resource: str, token: int, *, tables: Tables | None = None) -> None:
@@ -32,7 +31,7 @@ def fence(conn: Any, resource: str, token: int, *, tables: Tables | None = None)
 
 
 def fetch_one(conn: Any, query: bytes, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    if isinstance(conn, psycopg.Connection):
+    if is_connection(conn):
         return cast("tuple[Any, ...] | None", conn.execute(query, params).fetchone())
     cursor = conn.cursor()
     try:

@@ -14,14 +14,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import dict_row
-
 from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseUnavailable, WaitEnded
 from celery_pglock.protocol import Claim, Skip
 from celery_pglock.store.connections import connect
 from celery_pglock.store.database import Database
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.driver import Connection, dict_rows
 from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")
@@ -72,7 +70,7 @@ def record_skip(
         "local_holder": local_holder,
         "abandoned_reason": ABANDONED,
     }
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=dict_rows) as cur:
         row = cur.execute(query, params).fetchone()
     assert row is not None  # the statement always returns one row
     if row["abandoned_token"] is not None:
@@ -136,7 +134,7 @@ def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:
 def enqueued_skip(db: Database, claim: Claim) -> Skip | None:
     """Before publishing: the skip of a slot that already succeeded or that a live session
     is running (logged as such), else None. One plain look-up on a pooled connection."""
-    with db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    with db.connection() as conn, conn.cursor(row_factory=dict_rows) as cur:
         row = cur.execute(db.tables.query("enqueue_check"), claim.params()).fetchone()
     return None if row is None else skip_from_row(claim, row)
 

@@ -34,20 +34,17 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-import psycopg
-
 from celery_pglock.errors import DatabaseError, PgLockError, ReadOnlyServer, SessionGone
 from celery_pglock.heartbeat import watch
 from celery_pglock.ledger import holder_application_name, record_skip
 from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.store.connections import HOSTNAME, close_quietly
+from celery_pglock.store.connections import HOSTNAME, close_quietly, cut_off
 from celery_pglock.store.database import Database
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 
 Row = tuple[Any, ...]
 SlotLock = tuple[int, int] | None
-ACTIVE = psycopg.pq.TransactionStatus.ACTIVE
 
 
 class SharedConnection:
@@ -149,7 +146,7 @@ class Sharing:
         one), or was cut off mid-statement (its state, locks included, is unknown)."""
         if isinstance(exc, (SessionGone, ReadOnlyServer)):
             self.drop(shared_conn, f"the shared session ended: {exc.cause or exc}")
-        elif conn.info.transaction_status == ACTIVE or conn.broken:
+        elif cut_off(conn):
             self.drop(shared_conn, "a statement on the shared session was cut off")
 
     def unlock(self, shared_conn: SharedConnection, keys: list[int], slot: SlotLock) -> None:

@@ -23,52 +23,21 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
 from celery_pglock.config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
+from celery_pglock.store.ping import answering
 
 T = TypeVar("T")
 
 FIRST_DELAY = 1.0  # seconds after the first failed attempt; doubled after each one
 MAX_DELAY = 30.0
 PING_EVERY = 1.0  # seconds between two rounds of pings while waiting
-PING_TIMEOUT = 2  # seconds a ping may take per server (libpq's least connect_timeout)
 NAP = 0.1  # seconds between two looks at a stop request while waiting
 
 
 def delay_after(failures: int) -> float:
     """Seconds to wait after the ``failures``-th failed attempt: 1, 2, 4 … 30."""
     return min(MAX_DELAY, FIRST_DELAY * 2.0 ** min(failures - 1, 16))
-
-
-def answering(settings: Settings) -> frozenset[str]:
-    """The servers of the DSN that accept connections now, each pinged alone (``PQping``
-    opens no session; with several hosts libpq would report the first one only)."""
-    found = set()
-    for server in servers(settings.dsn):
-        conninfo = make_conninfo(
-            settings.dsn, **server, target_session_attrs="any", connect_timeout=PING_TIMEOUT
-        )
-        if pq.PGconn.ping(conninfo.encode()) == pq.Ping.OK:
-            found.add(",".join(value for value in server.values() if value))
-    return frozenset(found)
-
-
-def servers(dsn: str) -> list[dict[str, str]]:
-    """libpq's host, hostaddr and port of each server ``dsn`` names, one dict each (an
-    empty value: libpq's default, as in the DSN's own list)."""
-    params = conninfo_to_dict(dsn)
-    keys = [key for key in ("host", "hostaddr", "port") if params.get(key) is not None]
-    lists = {key: str(params[key]).split(",") for key in keys}
-    count = max((len(values) for values in lists.values()), default=1)
-    return [{key: _nth(values, index) for key, values in lists.items()} for index in range(count)]
-
-
-def _nth(values: list[str], index: int) -> str:
-    # libpq: a list as long as the hosts', or a single value that applies to each
-    return values[index] if index < len(values) else values[-1] if len(values) == 1 else ""
 
 
 class StartupWait:

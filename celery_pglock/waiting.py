@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kombu import serialization
-from psycopg.types.json import Jsonb
 
 from celery_pglock.keys import waiting_lock
 from celery_pglock.ledger import RunQuery
@@ -33,6 +32,7 @@ from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.slots import SLOT_PATTERN
 from celery_pglock.store.database import Database
+from celery_pglock.store.driver import json_value
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
@@ -109,7 +109,7 @@ def decide(db: Database, claim: Claim, message: Message) -> Decision:
     params = {
         **claim.params(),
         **message.encoded(),
-        "headers": Jsonb({SLOT_HEADER: claim.slot, ENTRY_HEADER: claim.entry}),
+        "headers": json_value({SLOT_HEADER: claim.slot, ENTRY_HEADER: claim.entry}),
         "exchange": message.exchange,
         "routing_key": message.routing_key,
         "slot_pattern": SLOT_PATTERN,

@@ -104,6 +104,12 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
     return False
 
 
+def cut_off(conn: Connection) -> bool:
+    """Whether a statement on ``conn`` was cut off mid-way, or the connection broke: the
+    state of its session, locks included, is unknown."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.ACTIVE or conn.broken
+
+
 def in_transaction(conn: Connection) -> bool:
     """Whether ``conn`` is not idle: inside a transaction, a failed one, or unknown."""
     return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE

@@ -20,10 +20,10 @@ from celery_pglock.errors import (
     SessionGone,
     StatementFailed,
 )
-from celery_pglock.startup import answering
 from celery_pglock.store.connections import connect
 from celery_pglock.store.database import check_server
 from celery_pglock.store.failures import boundary
+from celery_pglock.store.ping import answering
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.pg import ROLE_PASSWORD, require_password, started_embedded
 
@@ -165,7 +165,7 @@ def test_an_invalid_connection_option_is_a_misconfiguration(pg_dsn: str) -> None
 
 
 def test_pings_tell_which_servers_answer(private_pg: EmbeddedPostgres) -> None:
-    """startup.answering, on a DSN naming a stopped server and a running one: each is
+    """store.ping.answering, on a DSN naming a stopped server and a running one: each is
     pinged alone (no session), the running one answers; the stopped one once started."""
     other = make_conninfo(private_pg.dsn)  # the running one, by keywords
     with started_embedded() as stopped_one:

@@ -96,3 +96,35 @@ def test_no_local_name_shadows_a_module_its_file_imports() -> None:
             if name in imported
         ]
     assert shadowing == []
+
+
+TOOLS = ("demo", "testing")  # outside the core: a throwaway server, the demo's own
+
+
+def imports_of(tree: ast.Module) -> Iterator[str]:
+    """Every module a file imports, by its full name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+
+
+def test_above_the_store_no_module_imports_the_driver() -> None:
+    """psycopg is the store's: a module above it names a statement and gets rows or the
+    library's errors. Below it (SQL text, a DSN's check) psycopg's own helpers are used."""
+    layers = contract_layers()
+    below = {
+        module for layer in layers[layers.index("store") + 1 :] for module in layer.split(" | ")
+    }
+    found = []
+    for path in sorted((ROOT / "celery_pglock").rglob("*.py")):
+        first = path.relative_to(ROOT / "celery_pglock").parts[0].removesuffix(".py")
+        if first in {"store", *below, *TOOLS}:
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}: {name}"
+            for name in imports_of(ast.parse(path.read_text()))
+            if name.split(".")[0] == "psycopg"
+        ]
+    assert found == []

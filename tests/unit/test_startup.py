@@ -9,7 +9,8 @@ import pytest
 
 from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseMisconfigured, DatabaseUnavailable
-from celery_pglock.startup import PING_EVERY, StartupWait, delay_after, servers
+from celery_pglock.startup import PING_EVERY, StartupWait, delay_after
+from celery_pglock.store.ping import servers
 
 logger = logging.getLogger("tests.startup")
 DOWN = DatabaseUnavailable("cannot use PostgreSQL at 'db': Connection refused.")
