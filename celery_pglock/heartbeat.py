@@ -13,9 +13,9 @@ import threading
 import time
 
 from celery_pglock.errors import DatabaseError
-from celery_pglock.protocol import PING_SQL, Lease, judge_failure
+from celery_pglock.protocol import Lease, judge_failure
+from celery_pglock.store import connections
 from celery_pglock.store.database import serving_tasks
-from celery_pglock.store.failures import boundary
 
 MIN_PING_INTERVAL = 0.2
 # An idle heartbeat thread still wakes this often (seconds), so that registering a lease
@@ -41,8 +41,7 @@ def ping(lease: Lease) -> None:
         return
     conn.lock.release()
     try:
-        with boundary(conn=conn):
-            conn.execute(PING_SQL)
+        connections.ping(conn)
         lease.last_ping = lease.confirmed = time.monotonic()
         if shared is not None:
             shared.answered = lease.confirmed

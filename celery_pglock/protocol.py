@@ -17,16 +17,12 @@ from typing import Any, Protocol
 from celery_pglock import signals
 from celery_pglock.errors import DatabaseError, LockLost, SessionGone
 from celery_pglock.keys import slot_lock, split_key
-from celery_pglock.schema import statement
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
-from celery_pglock.store.connections import HOSTNAME
+from celery_pglock.store.connections import HOSTNAME, ping
 from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
-
-PING_SQL = statement("ping")
 
 
 @dataclass(frozen=True)
@@ -217,8 +213,7 @@ class Lease:
         # The caller's thread is not using the connection (it is the body's own, or the
         # body's thread is the caller), so waiting for its lock waits only for a ping.
         try:
-            with boundary(conn=self.lock_connection):
-                self.lock_connection.execute(PING_SQL)
+            ping(self.lock_connection)
         except DatabaseError as exc:
             judge_failure(self, exc)
         else:

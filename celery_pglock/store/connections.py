@@ -23,7 +23,7 @@ from celery_pglock.store.failures import boundary, read_only
 
 logger = logging.getLogger("celery_pglock")
 
-
+_PING = statement("ping")
 TCP_USER_TIMEOUT_MS = 30_000
 LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL 14
 CLIENT_CHECK_MS = 1000  # how often a waiting backend looks whether its client is alive
@@ -102,6 +102,13 @@ def transaction_pooled(conn: Connection, settings: Settings) -> bool:
                 if _backend_pid(other) == first or _backend_pid(conn) != first:
                     return True
     return False
+
+
+def ping(conn: Connection) -> None:
+    """One round trip on ``conn``; the library's error (``failures``) if its session is
+    gone or cannot answer."""
+    with boundary(conn=conn):
+        conn.execute(_PING)
 
 
 def cut_off(conn: Connection) -> bool:
