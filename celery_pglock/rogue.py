@@ -66,11 +66,9 @@ class RogueWatch:
             self._next_refresh = now + REFRESH_EVERY
             params = {"namespace": namespace, "fresh": LEADER_FRESH}
             try:
-                process_db = db()
-                with process_db.connection() as conn:
-                    query = process_db.tables.query("scheduled_tasks")
-                    rows = conn.execute(query, params).fetchall()
-                self._scheduled = frozenset(row[0] for row in rows)
+                with db().statements() as statements:
+                    rows = statements.rows("scheduled_tasks", params)
+                self._scheduled = frozenset(row["task_name"] for row in rows)
             except DatabaseError:  # keep what we knew; never fail a run
                 pass
         return self._scheduled
@@ -90,8 +88,8 @@ class RogueWatch:
         )
         params = {"namespace": namespace, "task_name": task_name, "origin": origin}
         try:
-            with db.connection() as conn:
-                conn.execute(db.tables.query("record_rogue_send"), params)
+            with db.statements() as statements:
+                statements.run("record_rogue_send", params)
         except DatabaseError:
             pass  # the WARNING is out; the row is only for `status`
 

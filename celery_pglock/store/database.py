@@ -38,6 +38,7 @@ from celery_pglock.store.failover import Recall
 from celery_pglock.store.failures import boundary
 from celery_pglock.store.migrations import ensure_schema
 from celery_pglock.store.pool import Pool
+from celery_pglock.store.statements import OnConnection
 
 logger = logging.getLogger("celery_pglock")
 
@@ -258,6 +259,12 @@ class Database:
                 yield conn
         finally:
             self.putconn(conn, clean=True)  # reset anyway if it is not idle
+
+    @contextmanager
+    def statements(self) -> Iterator[OnConnection]:
+        """Named statements on a pooled connection (``connection``), given back afterwards."""
+        with self.connection() as conn:
+            yield OnConnection(conn, self.tables, self.settings)
 
     def ensure_schema(self, conn: Connection) -> None:
         if self._schema_ready:
