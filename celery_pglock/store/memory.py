@@ -1,18 +1,19 @@
-"""The in-memory twin of the operator's ``Statements``: pauses, triggers, reruns,
-catch-ups, the audit and ``why``, without a server, for unit tests that run in
+"""The in-memory twin of the store's ``Statements``: the operator's (pauses, triggers,
+reruns, catch-ups, the audit and ``why``) and beat's claims (claim, confirm, take over
+the unconfirmed, the last slots sent), without a server, for unit tests that run in
 milliseconds.
 
 It keeps the library's tables that these statements read and write (runs, beat sends,
-skips, pauses, audit) as dicts and answers each statement by name as PostgreSQL does:
-the same rows, the same NULL rules, a statement that sees the table as it was before its
-own insert (``control_trigger``), ``now()`` read once per transaction from a clock the
-test controls. The contract tests (``tests/contract``) run the same assertions on this
-twin and on real PostgreSQL, so the two cannot drift apart. A statement it has no twin
-of raises ``NotImplementedError`` naming it: a test never silently passes on a guess.
+beat's state, skips, pauses, audit) as dicts and answers each statement by name as
+PostgreSQL does: the same rows, the same NULL rules, a statement that sees the table as
+it was before its own insert (``control_trigger``), ``now()`` read once per transaction
+from a clock the test controls (each transaction's later than the one before, as on a
+server). The contract tests (``tests/contract``) run the same assertions on this twin
+and on real PostgreSQL, so the two cannot drift apart. A statement it has no twin of
+raises ``NotImplementedError`` naming it: a test never silently passes on a guess.
 
 Seed the tables with ``add_run``, ``add_send`` and ``add_skip``; read them back as a test
-would through the statements, or directly (``runs``, ``sends``, ``skips``, ``pauses``,
-``audit``).
+would, through the statements, or directly (``data``: the rows of each table).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_pglock.keys import lock_key
@@ -75,6 +76,7 @@ class Rows:
 
     runs: dict[tuple[str, str], Row] = field(default_factory=dict)
     sends: dict[tuple[str, str, str], Row] = field(default_factory=dict)
+    beat: dict[tuple[str, str], Row] = field(default_factory=dict)
     skips: list[Row] = field(default_factory=list)
     pauses: dict[tuple[str, str], Row] = field(default_factory=dict)
     audit: list[Row] = field(default_factory=list)
@@ -88,6 +90,7 @@ class InMemoryStatements:
         self.clock = clock
         self.data = Rows()
         self._now: datetime | None = None  # fixed inside a transaction, as now() is
+        self._last = datetime.min.replace(tzinfo=timezone.utc)
         self._handlers: dict[str, Callable[[Params], list[Row]]] = {
             "control_audit": self._audit,
             "control_pause": self._pause,
@@ -104,6 +107,10 @@ class InMemoryStatements:
             "why_audit": self._why_audit,
             # Memory has no server sessions: no advisory lock is held or waited for.
             "ops_locks": lambda _: [],
+            "beat_claim": self._beat_claim,
+            "beat_confirm": self._beat_confirm,
+            "beat_unsent": self._beat_unsent,
+            "beat_state": self._beat_state,
         }
 
     def __repr__(self) -> str:
@@ -131,7 +138,7 @@ class InMemoryStatements:
             yield
             return
         saved = copy.deepcopy(self.data)
-        self._now = self.clock()
+        self._now = self._tick()
         try:
             yield
         except BaseException:
@@ -172,7 +179,12 @@ class InMemoryStatements:
 
     @property
     def now(self) -> datetime:
-        return self._now or self.clock()
+        return self._now or self._tick()
+
+    def _tick(self) -> datetime:
+        """The clock's time, later than the last one read (as two transactions' now())."""
+        self._last = max(self.clock(), self._last + timedelta(microseconds=1))
+        return self._last
 
     def _audit(self, p: Params) -> list[Row]:
         row = {key: p[key] for key in ("namespace", "action", "entry", "lock_name", "slot")}
@@ -286,6 +298,74 @@ class InMemoryStatements:
         found = [row for row in self.data.audit if row["namespace"] == p["namespace"]]
         found = [row for row in found if about(row)]
         return [_pick(row, AUDIT_COLUMNS) for row in sorted(found, key=lambda r: r["at"])]
+
+    # -- beat's claims (beat_queries.sql) ------------------------------------------------
+
+    def _beat_claim(self, p: Params) -> list[Row]:
+        namespace, replica = p["namespace"], p["replica"]
+        wanted = zip(p["entries"], p["slots"], p["lock_names"], p["keys"], p["tasks"], strict=True)
+        claimed = []
+        for entry, slot, lock_name, _, task_name in wanted:
+            if (namespace, entry, slot) in self.data.sends:
+                continue  # ON CONFLICT DO NOTHING: another replica's claim, or a repeat
+            pause = self.data.pauses.get((namespace, entry))
+            self.add_send(namespace, entry, slot, lock_name=lock_name, sent_by=replica)
+            self.data.sends[(namespace, entry, slot)]["paused"] = pause is not None
+            claimed.append({"entry": entry, "slot": slot, "paused": pause is not None})
+            if (lock_name, slot) not in self.data.runs:
+                made = {"entry": entry, "sent_by": replica, "task_name": task_name}
+                self.add_run(lock_name, slot, "scheduled", **made, scheduled_at=self.now)
+                if pause is not None:
+                    self.data.runs[(lock_name, slot)].update(
+                        state="paused", reason=_pause_reason(pause), finished_at=self.now
+                    )
+        return claimed
+
+    def _beat_confirm(self, p: Params) -> list[Row]:
+        namespace = p["namespace"]
+        for entry, slot in zip(p["entries"], p["slots"], strict=True):
+            send = self.data.sends.get((namespace, entry, slot))
+            if send is not None:
+                send["sent_at"] = self.now
+        newest: dict[str, list[Any]] = {}
+        for entry, slot, run_at in zip(p["entries"], p["slots"], p["run_ats"], strict=True):
+            last = newest.setdefault(entry, [slot, run_at, 0])
+            last[:] = [max(last[0], slot), max(last[1], run_at), last[2] + 1]
+        for entry, (slot, run_at, count) in newest.items():
+            state = self.data.beat.setdefault(
+                (namespace, entry), {"entry": entry, "last_run_at": None, "total_run_count": 0}
+            )
+            if state["last_run_at"] is None or state["last_run_at"] <= run_at:
+                state.update(last_slot=slot, last_run_at=run_at, updated_at=self.now)
+                state["total_run_count"] += count
+        return []
+
+    def _beat_unsent(self, p: Params) -> list[Row]:
+        after = self.now - timedelta(seconds=p["after"])
+        horizon = self.now - timedelta(seconds=p["horizon"])
+        found = [
+            send
+            for send in self.data.sends.values()
+            if send["namespace"] == p["namespace"]
+            and send["sent_at"] is None
+            and not send["paused"]
+            and horizon < send["claimed_at"] < after
+        ]
+        taken = sorted(found, key=lambda send: send["claimed_at"])[: p["limit"]]
+        for send in taken:
+            send.update(sent_by=p["replica"], claimed_at=self.now, sends=send["sends"] + 1)
+        return [{"entry": send["entry"], "slot": send["slot"]} for send in taken]
+
+    def _beat_state(self, p: Params) -> list[Row]:
+        columns = ["entry", "last_slot", "last_run_at", "total_run_count"]
+        found = self.data.beat.items()
+        return [_pick(row, columns) for (namespace, _), row in found if namespace == p["namespace"]]
+
+
+def _pause_reason(pause: Row) -> str:
+    """How a slot claimed while its entry is paused is recorded: who paused it, and why."""
+    why = f": {pause['reason']}" if pause["reason"] is not None else ""
+    return f"paused by {pause['paused_by']}{why}"
 
 
 def _bound(params: Params | None) -> dict[str, Any]:
