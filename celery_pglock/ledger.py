@@ -17,10 +17,9 @@ from typing import Any
 from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseUnavailable, WaitEnded
 from celery_pglock.protocol import Claim, Skip
-from celery_pglock.store.connections import connect
 from celery_pglock.store.database import Database
 from celery_pglock.store.driver import Connection, dict_rows
-from celery_pglock.store.failures import boundary
+from celery_pglock.store.statements import opened
 
 logger = logging.getLogger("celery_pglock")
 
@@ -134,8 +133,8 @@ def skip_from_row(claim: Claim, row: dict[str, Any]) -> Skip:
 def enqueued_skip(db: Database, claim: Claim) -> Skip | None:
     """Before publishing: the skip of a slot that already succeeded or that a live session
     is running (logged as such), else None. One plain look-up on a pooled connection."""
-    with db.connection() as conn, conn.cursor(row_factory=dict_rows) as cur:
-        row = cur.execute(db.tables.query("enqueue_check"), claim.params()).fetchone()
+    with db.statements() as statements:
+        row = statements.row("enqueue_check", claim.params())
     return None if row is None else skip_from_row(claim, row)
 
 
@@ -193,8 +192,8 @@ def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: s
     if claim.slot is None:
         return False
     params = {**claim.params(), "token": token, "state": state, "reason": reason}
-    with connect(db.settings) as conn, boundary(db.settings, conn):
-        return conn.execute(db.tables.query("record_outcome"), params).fetchone() is not None
+    with opened(db.settings) as statements:
+        return statements.row("record_outcome", params) is not None
 
 
 def record_outcome_when_reachable(
@@ -233,10 +232,9 @@ def record_worker_lost(settings: Settings, claim: Claim, reason: str) -> int | N
     if claim.slot is None:
         return None
     params = {**claim.params(), "reason": short_reason(reason)}
-    tables = settings.tables
-    with connect(settings) as conn, boundary(settings, conn):
-        row = conn.execute(tables.query("record_worker_lost"), params).fetchone()
-    return None if row is None else int(row[0])
+    with opened(settings) as statements:
+        row = statements.row("record_worker_lost", params)
+    return None if row is None else int(row["token"])
 
 
 def record_failure_after_rollback(
