@@ -201,7 +201,7 @@ class InMemoryStatements:
         self.data.pauses[key] = row | {"reason": p["reason"], "paused_at": self.now}
         return [_pick(self.data.pauses[key], PAUSE_COLUMNS)]
 
-    def _held_back(self, namespace: str, entry: str, paused_at: datetime, **_: Any) -> list[Row]:
+    def _held_back(self, namespace: str, entry: str, paused_at: datetime) -> list[Row]:
         """The claims of ``entry`` a pause since ``paused_at`` held back."""
         return [
             send
@@ -214,7 +214,7 @@ class InMemoryStatements:
     def _pauses(self, p: Params) -> list[Row]:
         found = [row for row in self.data.pauses.values() if row["namespace"] == p["namespace"]]
         return [
-            _pick(row, PAUSE_COLUMNS) | {"slots_held_back": len(self._held_back(**row))}
+            _pick(row, PAUSE_COLUMNS) | {"slots_held_back": len(self._held_back(*_pause_key(row)))}
             for row in sorted(found, key=lambda row: row["entry"])
         ]
 
@@ -309,16 +309,17 @@ class InMemoryStatements:
             if (namespace, entry, slot) in self.data.sends:
                 continue  # ON CONFLICT DO NOTHING: another replica's claim, or a repeat
             pause = self.data.pauses.get((namespace, entry))
-            self.add_send(namespace, entry, slot, lock_name=lock_name, sent_by=replica)
-            self.data.sends[(namespace, entry, slot)]["paused"] = pause is not None
-            claimed.append({"entry": entry, "slot": slot, "paused": pause is not None})
-            if (lock_name, slot) not in self.data.runs:
-                made = {"entry": entry, "sent_by": replica, "task_name": task_name}
-                self.add_run(lock_name, slot, "scheduled", **made, scheduled_at=self.now)
-                if pause is not None:
-                    self.data.runs[(lock_name, slot)].update(
-                        state="paused", reason=_pause_reason(pause), finished_at=self.now
-                    )
+            paused = pause is not None
+            self.add_send(
+                namespace, entry, slot, lock_name=lock_name, sent_by=replica, paused=paused
+            )
+            claimed.append({"entry": entry, "slot": slot, "paused": paused})
+            if (lock_name, slot) in self.data.runs:
+                continue
+            made = {"entry": entry, "sent_by": replica, "task_name": task_name}
+            run = self.add_run(lock_name, slot, "scheduled", **made, scheduled_at=self.now)
+            if pause is not None:
+                run.update(state="paused", reason=_pause_reason(pause), finished_at=self.now)
         return claimed
 
     def _beat_confirm(self, p: Params) -> list[Row]:
@@ -360,6 +361,11 @@ class InMemoryStatements:
         columns = ["entry", "last_slot", "last_run_at", "total_run_count"]
         found = self.data.beat.items()
         return [_pick(row, columns) for (namespace, _), row in found if namespace == p["namespace"]]
+
+
+def _pause_key(pause: Row) -> tuple[str, str, datetime]:
+    """What the claims a pause held back are found by."""
+    return pause["namespace"], pause["entry"], pause["paused_at"]
 
 
 def _pause_reason(pause: Row) -> str:

@@ -12,7 +12,7 @@ contract tests in ``tests/contract`` run on both, so the two cannot drift apart)
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from psycopg.rows import dict_row
@@ -43,8 +43,8 @@ class Statements(Protocol):
     def run(self, name: str, params: Params | None = None) -> int:
         """Run statement ``name`` for its effect: how many rows it changed."""
 
-    def transaction(self) -> Any:
-        """A context: the statements inside commit together, or none of them does."""
+    def transaction(self) -> AbstractContextManager[None]:
+        """The statements inside commit together, or none of them does."""
 
     def schema_version(self) -> int | None:
         """The applied schema version, None when the library's tables do not exist."""
