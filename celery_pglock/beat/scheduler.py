@@ -268,9 +268,12 @@ class PgLockSchedulerMixin:
         self, todo: Iterator[Due], confirmations: Confirmations, by: float, stops: HeldStops
     ) -> None:
         checked_at = time.monotonic()
-        for item in todo:
-            if stops.caught is not None:
-                return  # a stop: taken between two messages, once the batch is out
+        # A stop is looked at before the next claim is drawn: one drawn and then left was
+        # skipped by the rest of the tick, and only a next leader, if one came, sent it.
+        while stops.caught is None:
+            item = next(todo, None)
+            if item is None:
+                return
             now = time.monotonic()
             if now > by:
                 return  # stopping: the rest is the next leader's, at once
