@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -220,6 +220,14 @@ class PgLockSchedulerMixin:
         return entry_lock_name(self.app, entry, self._lock_options)
 
     def _send(self, due: list[Due]) -> None:
+        confirmations = Confirmations(self.pglock_claims)
+        self._send_claimed(self._claimed(due, confirmations), confirmations)
+
+    def _claimed(self, due: list[Due], confirmations: Confirmations) -> Iterator[Due]:
+        """Claim ``due`` and yield what to send. Drawn by ``_send_claimed`` inside its
+        held stops: a stop during the claim's round trip, when the claims may already be
+        committed, finishes the tick like any other (raised there, nothing was sent, and
+        a drained beat has no next leader to send them)."""
         claimed = self.pglock_claims.claim(due)
         self._planner.sent(due)
         paused = [item for item in due if (item.entry.name, item.slot) in claimed.paused]
@@ -230,10 +238,10 @@ class PgLockSchedulerMixin:
                 item.slot,
                 extra={"action": "pglock_beat_paused", "entry": item.entry.name},
             )
-        claims = [item for item in due if (item.entry.name, item.slot) in claimed.send]
-        self._send_claimed(claims, Confirmations(self.pglock_claims, paused))
+        confirmations.recorded(paused)
+        yield from (item for item in due if (item.entry.name, item.slot) in claimed.send)
 
-    def _send_claimed(self, claims: list[Due], confirmations: Confirmations) -> int:
+    def _send_claimed(self, claims: Iterable[Due], confirmations: Confirmations) -> int:
         """Publish ``claims`` in order, confirming them in batches as they go, while this
         replica leads; how many went out. A stop (SIGTERM, Ctrl-C: Celery raises it here),
         held till the message or batch in flight is out and confirmed (``HeldStops``),

@@ -96,11 +96,20 @@ class Confirmations:
 
     def __init__(self, claims: BeatClaims, first: Iterable[Due] = ()) -> None:
         self._claims = claims
-        self._pending: list[Due] = list(first)  # e.g. paused claims: recorded, never sent
-        self._on_broker = len(self._pending)  # of those, known to be on the broker (or unsent)
+        self._pending: list[Due] = []
+        self._on_broker = 0  # the first of those known to be on the broker (or unsent)
         self._oldest = time.monotonic()
         self.confirmed = 0
         self.before_confirm: Callable[[], None] = _nothing  # puts the batch on the broker
+        self.recorded(first)
+
+    def recorded(self, items: Iterable[Due]) -> None:
+        """Confirm ``items`` with the next batch, never sent (e.g. paused claims)."""
+        items = list(items)
+        if items and not self._pending:
+            self._oldest = time.monotonic()
+        self._pending[:0] = items
+        self._on_broker += len(items)
 
     def sent(self, item: Due) -> None:
         """``item``'s message went out: confirm it with its batch."""
