@@ -377,24 +377,30 @@ class PgLockSchedulerMixin:
         if now < self._next_resend_check and not at_once:
             return
         self._next_resend_check = now + RESEND_CHECK_EVERY
-        entries = self.schedule
         while True:
-            unsent = self.pglock_claims.unconfirmed(at_once=at_once)
-            due = [
-                Due(entries[e], s, self._lock_name(entries[e])) for e, s in unsent if e in entries
-            ]
-            if due:
-                logger.warning(
-                    "re-sending %d claim(s) never confirmed, from %s slot %s",
-                    len(due),
-                    due[0].entry.name,
-                    due[0].slot,
-                    extra={"action": "pglock_beat_resend", "entry": due[0].entry.name},
-                )
+            taken: list[tuple[str, str]] = []
+            due = self._taken_over(at_once, taken)
             sent = self._send_claimed(due, Confirmations(self.pglock_claims))
             # Taken over by this replica now: a failed send waits for the timer.
-            if not at_once or len(unsent) < RESEND_LIMIT or sent < len(unsent):
+            if not at_once or len(taken) < RESEND_LIMIT or sent < len(taken):
                 return
+
+    def _taken_over(self, at_once: bool, taken: list[tuple[str, str]]) -> Iterator[Due]:
+        """Take over the claims never confirmed (listed in ``taken``) and yield those of
+        our entries. Drawn inside the held stops, as ``_claimed``: a stop during the
+        statement finishes re-sending what it took over."""
+        taken += self.pglock_claims.unconfirmed(at_once=at_once)
+        entries = self.schedule
+        due = [Due(entries[e], s, self._lock_name(entries[e])) for e, s in taken if e in entries]
+        if due:
+            logger.warning(
+                "re-sending %d claim(s) never confirmed, from %s slot %s",
+                len(due),
+                due[0].entry.name,
+                due[0].slot,
+                extra={"action": "pglock_beat_resend", "entry": due[0].entry.name},
+            )
+        yield from due
 
     def _db_error(self, exc: BaseException) -> None:
         if not self._outage:

@@ -566,7 +566,6 @@ class StoppedDuringTakeover(SlowPublisher):
         return list(taken)
 
 
-@pytest.mark.xfail(strict=True, reason="a stop during the takeover leaves its claims unsent")
 def test_a_stop_during_the_takeover_resends_what_was_taken_over(clock: Clock) -> None:
     scheduler = stopped_leader(StoppedDuringTakeover, 3)
     scheduler.left = [(f"e{i}", "2026-03-29T00:57:50Z") for i in range(3)]
