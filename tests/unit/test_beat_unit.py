@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import celery
 import pytest
@@ -480,6 +480,9 @@ def test_a_leader_that_loses_its_lease_mid_batch_sends_no_more(clock: Clock) -> 
     assert 30 == len(scheduler.sent)
 
 
+Stopped = TypeVar("Stopped", bound=SlowPublisher)
+
+
 class StoppedMidTick(SlowPublisher):
     """A SIGTERM reaches beat right after its ``stop_after``-th send of the tick."""
 
@@ -508,18 +511,20 @@ def celery_stop_handler() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def stopped_leader(cls: type[SlowPublisher], entries: int) -> SlowPublisher:
+def stopped_leader(cls: type[Stopped], entries: int, clock: Clock) -> Stopped:
+    """A ``cls`` leader of ``entries`` entries, each of them due now."""
     schedule = {f"e{i}": {"task": "unit.job", "schedule": 10.0} for i in range(entries)}
     store = Store(last=dict.fromkeys(schedule, "2026-03-29T00:57:50Z"))
-    return cls(make_app(schedule, pglock_beat_leader=True), store)
+    scheduler = cls(make_app(schedule, pglock_beat_leader=True), store)
+    scheduler.clock, scheduler.election = clock, FakeElection()
+    scheduler._election = scheduler.election  # type: ignore[assignment]
+    return scheduler
 
 
 def test_a_stop_between_two_sends_finishes_the_tick_without_losing_one(clock: Clock) -> None:
     """Chaos seed 61847: the stop was taken after the next claim was drawn, which was then
     neither sent nor left to anyone (no leader follows a drained beat): a slot lost."""
-    scheduler = stopped_leader(StoppedMidTick, 5)
-    scheduler.clock, scheduler.election = clock, FakeElection()
-    scheduler._election = scheduler.election  # type: ignore[assignment]
+    scheduler = stopped_leader(StoppedMidTick, 5, clock)
     with celery_stop_handler(), pytest.raises(SystemExit):
         scheduler.tick()
 
@@ -541,9 +546,7 @@ def test_a_stop_during_the_claim_sends_and_confirms_what_was_claimed(clock: Cloc
     """A rolling deploy's SIGTERM during the claim's round trip: the claims were committed
     and SystemExit left the tick before anything was sent; a drained beat has no next
     leader to send them (tests/faults/test_pgbouncer.py: 'beat claim ... never sent')."""
-    scheduler = stopped_leader(StoppedDuringClaim, 5)
-    scheduler.clock, scheduler.election = clock, FakeElection()
-    scheduler._election = scheduler.election  # type: ignore[assignment]
+    scheduler = stopped_leader(StoppedDuringClaim, 5, clock)
     with celery_stop_handler(), pytest.raises(SystemExit):
         scheduler.tick()
 
@@ -567,10 +570,8 @@ class StoppedDuringTakeover(SlowPublisher):
 
 
 def test_a_stop_during_the_takeover_resends_what_was_taken_over(clock: Clock) -> None:
-    scheduler = stopped_leader(StoppedDuringTakeover, 3)
+    scheduler = stopped_leader(StoppedDuringTakeover, 3, clock)
     scheduler.left = [(f"e{i}", "2026-03-29T00:57:50Z") for i in range(3)]
-    scheduler.clock, scheduler.election = clock, FakeElection()
-    scheduler._election = scheduler.election  # type: ignore[assignment]
     with celery_stop_handler(), pytest.raises(SystemExit):
         scheduler.tick()
 
