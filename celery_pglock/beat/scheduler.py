@@ -226,8 +226,8 @@ class PgLockSchedulerMixin:
     def _claimed(self, due: list[Due], confirmations: Confirmations) -> Iterator[Due]:
         """Claim ``due`` and yield what to send. Drawn by ``_send_claimed`` inside its
         held stops: a stop during the claim's round trip, when the claims may already be
-        committed, finishes the tick like any other (raised there, nothing was sent, and
-        a drained beat has no next leader to send them)."""
+        committed, finishes the tick like any other (raised before the sends, it left the
+        claims unsent, and a drained beat has no next leader to send them)."""
         claimed = self.pglock_claims.claim(due)
         self._planner.sent(due)
         paused = [item for item in due if (item.entry.name, item.slot) in claimed.paused]
