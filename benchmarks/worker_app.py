@@ -25,12 +25,13 @@ from celery_singleton import Singleton  # type: ignore[import-untyped]
 from benchmarks.records import BODY_RAN, SKIP_DECIDED, report, started, time_tasks
 from celery_pglock import PgLockTask
 from celery_pglock import signals as pglock_signals
+from celery_pglock.config import Settings
 from celery_pglock.keys import lock_key
 from celery_pglock.locks import acquire_params, lease_ms, release_params
 from celery_pglock.protocol import Claim, Lease
-from celery_pglock.schema import Tables
 from celery_pglock.store import unwaited
 from celery_pglock.store.connections import HOSTNAME, application_name
+from celery_pglock.store.lock_sessions import DriverSession
 
 ENV = os.environ
 DSN = ENV.get("PGLOCK_DSN", "")
@@ -117,7 +118,8 @@ class Floor:
     def __init__(self, dsn: str, schema: str) -> None:
         self.dsn = dsn
         self.conn: psycopg.Connection[Any] | None = None
-        self.tables = Tables(schema)
+        self.settings = Settings(dsn=dsn, schema=schema)
+        self.tables = self.settings.tables
         self.idle_ms = "0"
         self.reply_pending = False
 
@@ -152,7 +154,8 @@ class Floor:
             unwaited.send(conn, self.tables.query("release_unwaited"), release, timeout=5.0)
             self.reply_pending = True
             return
-        lease = Lease(claim, "session", conn, token=row[2], attempts=row[3], lease_seconds=30.0)
+        session = DriverSession(conn, self.settings)
+        lease = Lease(claim, "session", session, token=row[2], attempts=row[3], lease_seconds=30.0)
         done = release_params(lease, "succeeded", None, self.idle_ms)
         conn.execute(self.tables.query("release"), done).fetchone()
 
@@ -163,7 +166,10 @@ class Floor:
         params = acquire_params(claim, "transaction", lease_ms(30.0))
         row = conn.execute(self.tables.query("acquire"), params).fetchone()
         assert row is not None
-        lease = Lease(claim, "transaction", conn, token=row[2], attempts=row[3], lease_seconds=30.0)
+        session = DriverSession(conn, self.settings)
+        lease = Lease(
+            claim, "transaction", session, token=row[2], attempts=row[3], lease_seconds=30.0
+        )
         done = release_params(lease, "succeeded", None, None)
         conn.execute(self.tables.query("release"), done).fetchone()
         conn.commit()

@@ -14,7 +14,6 @@ import time
 
 from celery_pglock.errors import DatabaseError
 from celery_pglock.protocol import Lease, judge_failure
-from celery_pglock.store import connections
 from celery_pglock.store.database import serving_tasks
 
 MIN_PING_INTERVAL = 0.2
@@ -27,7 +26,7 @@ HEARTBEAT_STOP_WAIT = 2.0
 
 def ping(lease: Lease) -> None:
     """One heartbeat; marks the lease lost if the server ended the session."""
-    conn = lease.lock_connection
+    session = lease.lock_session
     shared = lease.shared
     # A shared session that answered lately (another run's statement or ping) is not
     # idle either: one ping keeps all of its runs' locks.
@@ -36,12 +35,11 @@ def ping(lease: Lease) -> None:
         return
     # Never wait behind the task's own query (transaction scope): a busy connection is
     # not idle, so the server will not end it.
-    if lease.released or not conn.lock.acquire(blocking=False):
+    if lease.released or session.busy():
         lease.last_ping = time.monotonic()  # busy, so not idle: next ping in one interval
         return
-    conn.lock.release()
     try:
-        connections.ping(conn)
+        session.ping()
         lease.last_ping = lease.confirmed = time.monotonic()
         if shared is not None:
             shared.answered = lease.confirmed

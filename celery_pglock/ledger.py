@@ -18,7 +18,7 @@ from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseUnavailable, WaitEnded
 from celery_pglock.protocol import Claim, Skip
 from celery_pglock.store.database import Database
-from celery_pglock.store.driver import Connection, dict_rows
+from celery_pglock.store.lock_sessions import LockSession
 from celery_pglock.store.statements import opened
 
 logger = logging.getLogger("celery_pglock")
@@ -47,20 +47,20 @@ def short_reason(text: str) -> str:
 
 
 def record_skip(
-    conn: Connection,
-    db: Database,
+    session: LockSession,
     claim: Claim,
     reason: str,
     *,
     held: bool,
     newer_slot: str | None = None,
     local_holder: str | None = None,
+    outage: bool = False,
 ) -> Skip:
     """Append the skip to the log and explain it. ``held``: this attempt got the lock (the
     slot turned out done, superseded or late), which the statement frees; ``newer_slot``
     the succeeded slot that supersedes this one, if any; ``local_holder`` the task id of a
-    run of this process holding the lock on a shared session (``shared``)."""
-    query = db.tables.query("skip")
+    run of this process holding the lock on a shared session (``shared``); ``outage``:
+    any failure of the statement is taken for an outage (retried), see ``LockSession.row``."""
     params = {
         **claim.params(),
         "held": held,
@@ -69,8 +69,7 @@ def record_skip(
         "local_holder": local_holder,
         "abandoned_reason": ABANDONED,
     }
-    with conn.cursor(row_factory=dict_rows) as cur:
-        row = cur.execute(query, params).fetchone()
+    row = session.row("skip", params, outage=outage)
     assert row is not None  # the statement always returns one row
     if row["abandoned_token"] is not None:
         report_abandoned([{**row, "lock_name": claim.lock_name, "slot": claim.slot}])
@@ -192,8 +191,8 @@ def record_outcome(db: Database, claim: Claim, token: int, state: str, reason: s
     if claim.slot is None:
         return False
     params = {**claim.params(), "token": token, "state": state, "reason": reason}
-    with opened(db.settings) as statements:
-        return statements.row("record_outcome", params) is not None
+    with db.lock_sessions.fresh() as session:
+        return session.row("record_outcome", params) is not None
 
 
 def record_outcome_when_reachable(
@@ -238,11 +237,11 @@ def record_worker_lost(settings: Settings, claim: Claim, reason: str) -> int | N
 
 
 def record_failure_after_rollback(
-    conn: Connection, db: Database, claim: Claim, token: int, reason: str
+    session: LockSession, claim: Claim, token: int, reason: str
 ) -> None:
     """Transaction scope: the claim rolled back with the body; keep the failed attempt."""
     if claim.slot is None:
         return
     params = {**claim.params(), "token": token, "reason": short_reason(reason)}
-    with conn.transaction():
-        conn.execute(db.tables.query("record_failure_after_rollback"), params)
+    session.row("record_failure_after_rollback", params)
+    session.commit()

@@ -15,7 +15,6 @@ are in ``protocol``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any
@@ -31,12 +30,10 @@ from celery_pglock.ledger import (
     record_skip,
     short_reason,
 )
-from celery_pglock.protocol import Claim, Lease, Released, Skip
-from celery_pglock.store import unwaited
-from celery_pglock.store.connections import application_name, connect, in_transaction
+from celery_pglock.protocol import Claim, Lease, Released, Skip, verdict
+from celery_pglock.store.connections import application_name
 from celery_pglock.store.database import Database
-from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
+from celery_pglock.store.lock_sessions import LockSession, Row
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
@@ -86,85 +83,83 @@ def acquire(
     scope: Scope,
     lease_seconds: float | None,
     *,
-    waited: Connection | None = None,
+    waited: LockSession | None = None,
 ) -> Lease | Skip:
     """Try the lock and claim the slot; a ``Lease`` to run under, or the ``Skip`` why not.
 
-    ``waited``: a connection of ``db`` that already waited for the lock (the ``wait_lock``
+    ``waited``: a session of ``db`` that already waited for the lock (the ``wait_lock``
     query), used instead of a pooled one; re-entrant advisory locks make the try succeed.
     """
     params = acquire_params(claim, scope, _armed(db, scope, lease_seconds))
     if scope == "session":
         db.check_session_scope()
-    query = db.tables.query("acquire" if claim.slot is not None else "acquire_mutex")
+    name = "acquire" if claim.slot is not None else "acquire_mutex"
     if scope == "session" and waited is None and db.shares_sessions:
-        return shared.acquire(db, claim, query, params, lease_seconds)
-    conn, row = _execute_acquire(db, query, params, scope, waited)
-    if not row[0]:
+        return shared.acquire(db, claim, db.tables.query(name), params, lease_seconds)
+    session, row = _try_lock(db, name, params, scope, waited)
+    if not row["acquired"]:
         # The holder may have just ended, its release sent unwaited and not yet read by
         # its server process: one more try, a round trip later, before skipping.
-        conn, row = _execute_acquire(db, query, params, scope, conn)
-    acquired, key, token, attempts, newer_slot, late = row
-    if acquired and (claim.slot is None or attempts is not None):
-        held = claim if key == claim.key else dataclasses.replace(claim, key=key)
-        granted = Lease(held, scope, conn, token, attempts, lease_seconds)
-        if lease_seconds is not None:
-            watch(granted)
-        return granted
-    reason = "superseded" if newer_slot else "late" if late else "locked"
-    return _skip(db, conn, claim, scope, held=bool(acquired), reason=reason, newer=newer_slot)
+        session, row = _try_lock(db, name, params, scope, session)
+    granted = verdict(claim, row)
+    if isinstance(granted, str):
+        held = bool(row["acquired"])
+        return _skip(db, session, claim, scope, held=held, reason=granted, newer=row["newer_slot"])
+    lease = Lease(granted, scope, session, row["token"], row["attempts"], lease_seconds)
+    if lease_seconds is not None:
+        watch(lease)
+    return lease
 
 
-def _execute_acquire(
-    db: Database, query: bytes, params: dict[str, Any], scope: Scope, waited: Connection | None
-) -> tuple[Connection, tuple[Any, ...]]:
-    # A pooled connection may have died while idle (server restart, a DBA's
+def _try_lock(
+    db: Database, name: str, params: dict[str, Any], scope: Scope, waited: LockSession | None
+) -> tuple[LockSession, Row]:
+    # A pooled session may have died while idle (server restart, a DBA's
     # idle_session_timeout): such a failure is retried on the next one. Every pooled
-    # connection may be dead (each failure discards one), so: the pool's size, plus one.
+    # session may be dead (each failure discards one), so: the pool's size, plus one.
     attempts = db.pool.max_size + 1
+    sessions = db.lock_sessions
     for attempt in range(attempts):
-        conn = waited if waited is not None else db.getconn()
+        session = waited if waited is not None else sessions.take()
         try:
-            with boundary(db.settings, conn):
-                if conn.autocommit != (scope == "session"):  # a waited one is in its transaction
-                    conn.autocommit = scope == "session"
-                row = conn.execute(query, params).fetchone()
+            session.use_scope(scope)
+            row = session.row(name, params)
             assert row is not None
-            return conn, row
+            return session, row
         except ReadOnlyServer:
-            conn.close()  # it reaches a standby: the next one may reach the new primary
-            db.putconn(conn, clean=False)
+            session.close()  # it reaches a standby: the next one may reach the new primary
+            sessions.give_back(session, clean=False)
             raise
         except (SessionGone, WaitEnded):  # a DBA's statement_timeout or cancel: retried too
-            usable = db.putconn(conn, clean=False)
+            usable = sessions.give_back(session, clean=False)
             if attempt == attempts - 1 or waited is not None or usable:
                 raise
         except BaseException:
-            db.putconn(conn, clean=False)
+            sessions.give_back(session, clean=False)
             raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _skip(
     db: Database,
-    conn: Connection,
+    session: LockSession,
     claim: Claim,
     scope: Scope,
     *,
     held: bool,
-    reason: str = "locked",
-    newer: str | None = None,
+    reason: str,
+    newer: str | None,
 ) -> Skip:
     try:
-        with boundary(db.settings):  # any failure an outage (or a misconfiguration): retried
-            skip = record_skip(conn, db, claim, reason, held=held, newer_slot=newer)
-            if scope == "transaction":
-                conn.commit()
+        # any failure an outage (or a misconfiguration): retried
+        skip = record_skip(session, claim, reason, held=held, newer_slot=newer, outage=True)
+        if scope == "transaction":
+            session.commit()
     except DatabaseError:
-        db.putconn(conn, clean=False)
+        db.lock_sessions.give_back(session, clean=False)
         raise
     # Held and then freed: the lease was armed, so let the pool's reset disarm it.
-    db.putconn(conn, clean=not held or scope == "transaction")
+    db.lock_sessions.give_back(session, clean=not held or scope == "transaction")
     return skip
 
 
@@ -175,31 +170,33 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     lease.released = True
     if lease.shared is not None:
         return _release_shared(db, lease, state, reason)
-    conn = lease.lock_connection
     if _release_unwaited(db, lease):
         return Released(recorded=False, lost=lease.known_lost)
+    session = lease.lock_session
     armed = lease.scope == "session" and db.lease_supported  # the lease is to disarm
     disarm = db.idle_defaults["idle_session_timeout"] if armed else None
     params = release_params(lease, state, reason, disarm)
-    query = db.tables.query("release")
     try:
-        with boundary(db.settings, conn):
-            if lease.scope == "session" and in_transaction(conn):
-                conn.rollback()  # the body left it open; the pool would roll back our outcome
-            row = conn.execute(query, params).fetchone()
-            if lease.scope == "transaction":
-                conn.commit()
+        if lease.scope == "session" and session.in_transaction():
+            session.rollback()  # the body left it open; the pool would roll back our outcome
+        row = session.row("release", params)
+        if lease.scope == "transaction":
+            session.commit()
     except DatabaseError as exc:
         if isinstance(exc, ReadOnlyServer):
-            conn.close()  # demoted under us: the lock there is no lock; record it elsewhere
-        usable = db.putconn(conn, clean=False)
+            session.close()  # demoted under us: the lock there is no lock; record it elsewhere
+        usable = db.lock_sessions.give_back(session, clean=False)
         # Ended, or cut short: the pool's reset frees the lock; record the outcome elsewhere.
         if not isinstance(exc, (SessionGone, WaitEnded)) and usable:
             raise
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
-    db.putconn(conn, clean=True)
-    recorded = bool(row and row[0])
+    db.lock_sessions.give_back(session, clean=True)
+    return _released(db, lease, state, recorded=bool(row and row["recorded"]))
+
+
+def _released(db: Database, lease: Lease, state: str, *, recorded: bool) -> Released:
+    """A release that went through: a success recorded is recalled (``failover``)."""
     if recorded and state == SUCCEEDED:
         db.recall.remember(lease.claim, lease.token)
     return Released(recorded=recorded, lost=lease.known_lost)
@@ -214,30 +211,25 @@ def _release_shared(db: Database, lease: Lease, state: str, reason: str | None) 
     except DatabaseError as exc:  # the session was ended: its locks are free
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
-    recorded = bool(row[0])
-    if recorded and state == SUCCEEDED:
-        db.recall.remember(lease.claim, lease.token)
-    return Released(recorded=recorded, lost=lease.known_lost)
+    return _released(db, lease, state, recorded=bool(row[0]))
 
 
 def _release_unwaited(db: Database, lease: Lease) -> bool:
     """Send a mutex-only release without waiting; False when it must be waited for."""
-    conn = lease.lock_connection
     if lease.scope != "session" or lease.claim.slot is not None:
         return False  # an outcome to record, or a transaction to commit
-    if conn.closed or in_transaction(conn) or not unwaited.quiet(conn):
-        return False  # the body left a transaction open, or the server spoke (ended it?)
+    session = lease.lock_session
     disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
     params = [disarm, application_name()]
     try:
-        with boundary(db.settings, conn):
-            query = db.tables.query("release_unwaited")
-            unwaited.send(conn, query, params, db.settings.connect_timeout)
+        sent = session.send_unwaited("release_unwaited", params, db.settings.connect_timeout)
     except DatabaseError as exc:
-        db.putconn(conn, clean=False)  # closed if broken: its session, and lock, are gone
+        db.lock_sessions.give_back(session, clean=False)  # closed if broken: lock gone too
         lease.mark_lost(f"connection lost before the lock was released: {exc}")
         return True
-    db.park_unwaited(conn)
+    if not sent:
+        return False  # the body left a transaction open, or the server spoke (ended it?)
+    db.lock_sessions.park(session)
     return True
 
 
@@ -262,5 +254,5 @@ def _record_rolled_back(db: Database, lease: Lease) -> None:
     writes and the outcome rolled back together; record the attempt failed, so that the
     slot's row does not stay as it was before the attempt (it may run again)."""
     reason = f"connection lost before the commit: {lease.lost_cause}"
-    with connect(db.settings) as conn, boundary(db.settings, conn):
-        record_failure_after_rollback(conn, db, lease.claim, lease.token, short_reason(reason))
+    with db.lock_sessions.fresh() as session:
+        record_failure_after_rollback(session, lease.claim, lease.token, short_reason(reason))

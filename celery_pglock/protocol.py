@@ -11,15 +11,17 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from celery_pglock import signals
 from celery_pglock.errors import DatabaseError, LockLost, SessionGone
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
-from celery_pglock.store.connections import HOSTNAME, ping
+from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.driver import Connection
+from celery_pglock.store.lock_sessions import LockSession
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
@@ -94,6 +96,15 @@ class Claim:
         }
 
 
+def verdict(claim: Claim, row: Mapping[str, Any]) -> Claim | str:
+    """What the row of an ``acquire`` statement means for ``claim``: the claim as granted
+    (with the key it got, under ``pglock_concurrency``), or why it is skipped. A lock
+    granted for a slot that was not claimed (done, superseded, late) is a skip too."""
+    if row["acquired"] and (claim.slot is None or row["attempts"] is not None):
+        return claim if row["key"] == claim.key else replace(claim, key=row["key"])
+    return "superseded" if row["newer_slot"] else "late" if row["late"] else "locked"
+
+
 @dataclass(frozen=True)
 class Skip:
     """Why a message did not run, with who holds the lock or ran the slot."""
@@ -138,7 +149,7 @@ class Lease:
 
     claim: Claim
     scope: Scope
-    lock_connection: Connection  # its server session holds the lock
+    lock_session: LockSession  # the server session that holds the lock
     token: int
     attempts: int | None
     lease_seconds: float | None  # the server-enforced lease; None: off
@@ -147,7 +158,7 @@ class Lease:
     # When the server last answered on the lock's connection (the grant, a ping, a check).
     confirmed: float = field(default_factory=time.monotonic)
     released: bool = False  # release began: the heartbeat must not use the connection
-    # Set when ``lock_connection`` is shared by the process's runs (``shared``): the body then
+    # Set when ``lock_session`` is shared by the process's runs (``shared``): the body then
     # gets a connection of its own (``lent``), never the shared session.
     shared: Lender | None = None
     lent: Connection | None = None
@@ -155,6 +166,11 @@ class Lease:
     @property
     def lock(self) -> str:
         return self.claim.lock_name
+
+    @property
+    def lock_connection(self) -> Connection:
+        """The driver's connection of ``lock_session``."""
+        return self.lock_session.driver
 
     @property
     def connection(self) -> Connection:
@@ -213,7 +229,7 @@ class Lease:
         # The caller's thread is not using the connection (it is the body's own, or the
         # body's thread is the caller), so waiting for its lock waits only for a ping.
         try:
-            ping(self.lock_connection)
+            self.lock_session.ping()
         except DatabaseError as exc:
             judge_failure(self, exc)
         else:

@@ -23,9 +23,7 @@ from celery_pglock.heartbeat import unwatch
 from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
 from celery_pglock.locks import release
 from celery_pglock.protocol import Lease
-from celery_pglock.store.connections import connect
 from celery_pglock.store.database import Database
-from celery_pglock.store.failures import boundary
 
 logger = logging.getLogger("celery_pglock")
 
@@ -71,16 +69,14 @@ def _record_transaction_failure(db: Database, lease: Lease, reason: str) -> None
     """The body failed: its claim rolls back with it; record the failed attempt. When the
     lock's connection itself died, on a fresh one: the rollback on the dead one raises,
     and the slot's row would stay as it was for good."""
-    conn = lease.lock_connection
+    session = lease.lock_session
     try:
-        with boundary(db.settings, conn):
-            conn.rollback()
+        session.rollback()
     except SessionGone:  # behind PgBouncer a dead server can answer InternalError, alike
-        with connect(db.settings) as fresh, boundary(db.settings, fresh):
-            record_failure_after_rollback(fresh, db, lease.claim, lease.token, reason)
+        with db.lock_sessions.fresh() as fresh:
+            record_failure_after_rollback(fresh, lease.claim, lease.token, reason)
         return
-    with boundary(db.settings, conn):
-        record_failure_after_rollback(conn, db, lease.claim, lease.token, reason)
+    record_failure_after_rollback(session, lease.claim, lease.token, reason)
 
 
 def give_back_failed(db: Database, lease: Lease) -> None:
@@ -88,7 +84,7 @@ def give_back_failed(db: Database, lease: Lease) -> None:
     the heartbeat stops, and the pool's reset frees whatever locks the body took."""
     if lease.lease_seconds is not None:
         unwatch(lease)
-    db.putconn(lease.lock_connection, clean=False)
+    db.lock_sessions.give_back(lease.lock_session, clean=False)
 
 
 __all__ = ["give_back_failed", "settle_failure", "settle_success"]

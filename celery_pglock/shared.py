@@ -37,13 +37,13 @@ from typing import Any
 from celery_pglock.errors import DatabaseError, PgLockError, ReadOnlyServer, SessionGone
 from celery_pglock.heartbeat import watch
 from celery_pglock.ledger import holder_application_name, record_skip
-from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock.protocol import Claim, Lease, Skip, verdict
 from celery_pglock.store.connections import HOSTNAME, close_quietly, cut_off
 from celery_pglock.store.database import Database
-from celery_pglock.store.driver import Connection
+from celery_pglock.store.driver import Connection, dict_rows
 from celery_pglock.store.failures import boundary
+from celery_pglock.store.lock_sessions import DriverSession
 
-Row = tuple[Any, ...]
 SlotLock = tuple[int, int] | None
 
 
@@ -176,14 +176,14 @@ class Sharing:
 
     def execute(
         self, shared_conn: SharedConnection, query: bytes, params: Any
-    ) -> tuple[Connection, Row]:
+    ) -> tuple[Connection, dict[str, Any]]:
         """Run ``query`` on the session (turn held). A session found ended is dropped
         and the statement tried once more, on a new one."""
         for attempt in range(2):
             conn = self.connect(shared_conn)
             try:
-                with boundary(self.db.settings, conn):
-                    row = conn.execute(query, params).fetchone()
+                with boundary(self.db.settings, conn), conn.cursor(row_factory=dict_rows) as cur:
+                    row = cur.execute(query, params).fetchone()
             except SessionGone as exc:
                 self.drop(shared_conn, f"the shared session ended: {exc.cause or exc}")
                 if attempt:
@@ -230,25 +230,29 @@ def acquire(
         params = {**params, "keys": keys, "application_name": label()}
         try:
             conn, row = sharing.execute(shared_conn, query, params)
-            if not row[0]:  # a holder elsewhere may have just ended: one more try, as locks
+            if not row[
+                "acquired"
+            ]:  # a holder elsewhere may have just ended: one more try, as locks
                 conn, row = sharing.execute(shared_conn, query, params)
         except DatabaseError:
             # Cut short (a DBA's statement_timeout, say): a lock it took before failing
             # outlives the statement on a session that lives on.
             sharing.unlock(shared_conn, keys, slot)
             raise
-        acquired, key, token, attempts, newer_slot, late = row
-        if acquired and (claim.slot is None or attempts is not None):
-            held = claim if key == claim.key else dataclasses.replace(claim, key=key)
-            lease = Lease(held, "session", conn, token, attempts, lease_seconds, shared=shared_conn)
-            sharing.hold(lease, shared_conn, slot)
-            if lease_seconds is not None:
-                watch(lease)
-            return lease
-        if acquired:  # the slot is done, superseded or late: free what this try took
-            sharing.unlock(shared_conn, [key], slot)
-        reason = "superseded" if newer_slot else "late" if late else "locked"
-        return _skip(sharing, shared_conn, claim, reason, newer_slot, holder=None)
+        granted = verdict(claim, row)
+        if isinstance(granted, str):
+            if row["acquired"]:  # the slot is done, superseded or late: free what it took
+                sharing.unlock(shared_conn, [row["key"]], slot)
+            return _skip(sharing, shared_conn, claim, granted, row["newer_slot"], holder=None)
+        session = DriverSession(conn, sharing.db.settings)
+        token, attempts = row["token"], row["attempts"]
+        lease = Lease(
+            granted, "session", session, token, attempts, lease_seconds, shared=shared_conn
+        )
+        sharing.hold(lease, shared_conn, slot)
+        if lease_seconds is not None:
+            watch(lease)
+        return lease
 
 
 def _skip(
@@ -264,17 +268,11 @@ def _skip(
     sessions only: a run of this process holding the lock is named from here."""
     conn = sharing.connect(shared_conn)
     try:
-        with boundary(sharing.db.settings, conn):
-            local = holder.lease.claim.task_id if holder is not None else None
-            skip = record_skip(
-                conn,
-                sharing.db,
-                claim,
-                reason,
-                held=False,
-                newer_slot=newer_slot,
-                local_holder=local,
-            )
+        session = DriverSession(conn, sharing.db.settings)
+        local = holder.lease.claim.task_id if holder is not None else None
+        skip = record_skip(
+            session, claim, reason, held=False, newer_slot=newer_slot, local_holder=local
+        )
     except BaseException as exc:
         sharing.drop_if_unusable(shared_conn, conn, exc)
         raise
@@ -292,7 +290,7 @@ def _skip(
     return skip
 
 
-def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) -> Row:
+def release(db: Database, lease: Lease, query: bytes, params: dict[str, Any]) -> tuple[Any, ...]:
     """``locks.release`` on a shared session: record the outcome and free this run's lock
     only. The last run on the session disarms its lease and gives its connection back.
 

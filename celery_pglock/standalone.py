@@ -38,10 +38,9 @@ from celery_pglock.locks import acquire, lease_ms
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import in_transaction
 from celery_pglock.store.database import Database, database
 from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
+from celery_pglock.store.lock_sessions import LockSession
 from celery_pglock.values import SCOPES, Scope
 
 if TYPE_CHECKING:
@@ -219,9 +218,8 @@ def _acquire(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
     return acquire(db, claim, options.scope, lease)
 
 
-def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | None:
-    """A connection of ``db`` that holds lock ``key``, or None when the wait ran out."""
-    query = db.tables.query("wait_lock")
+def wait_for_lock(db: Database, key: int, options: LockOptions) -> LockSession | None:
+    """A session of ``db`` that holds lock ``key``, or None when the wait ran out."""
     xact = options.scope == "transaction"
     armed = options.lease_seconds is not None and (xact or db.lease_supported)
     params = {
@@ -232,24 +230,23 @@ def wait_for_lock(db: Database, key: int, options: LockOptions) -> Connection | 
         "lease_ms": lease_ms(options.lease_seconds) if armed else None,
     }
     for attempt in range(2):
-        conn = db.getconn()
+        session = db.lock_sessions.take()
         try:
-            with boundary(db.settings, conn):
-                conn.autocommit = options.scope == "session"
-                conn.execute(query, params)
+            session.use_scope(options.scope)
+            session.row("wait_lock", params)
         except WaitEnded:  # lock_timeout ran out, or a DBA's statement_timeout cut it short
-            _give_back(db, conn)
+            _give_back(db, session)
             return None
         except SessionGone:
-            _give_back(db, conn)
+            _give_back(db, session)
             # A pooled connection that died while idle: one more try on a fresh one.
-            if attempt == 1 or not conn.closed:
+            if attempt == 1 or not session.closed:
                 raise
         except BaseException:
-            _give_back(db, conn)
+            _give_back(db, session)
             raise
         else:
-            return conn
+            return session
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -257,13 +254,13 @@ def _milliseconds(seconds: float | None) -> str:
     return "0" if not seconds else str(max(1, round(seconds * 1000)))
 
 
-def _give_back(db: Database, conn: Connection) -> None:
-    """Return a connection whose wait failed; the pool's reset frees what it took."""
-    if not conn.closed and in_transaction(conn):
+def _give_back(db: Database, session: LockSession) -> None:
+    """Return a session whose wait failed; the pool's reset frees what it took."""
+    if not session.closed and session.in_transaction():
         # else the pool warns about an open transaction
-        with contextlib.suppress(DatabaseError), boundary(db.settings, conn):
-            conn.rollback()
-    db.putconn(conn, clean=False)
+        with contextlib.suppress(DatabaseError):
+            session.rollback()
+    db.lock_sessions.give_back(session, clean=False)
 
 
 def _clean_exit(exc: BaseException) -> bool:

@@ -32,6 +32,7 @@ from celery_pglock.store.connections import (
 )
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
+from celery_pglock.store.lock_sessions import DriverSession
 from celery_pglock.store.migrations import ensure_schema
 
 logger = logging.getLogger("celery_pglock.beat")
@@ -167,7 +168,8 @@ class LeaderElection:
         conn.execute(
             self.tables.query("leader_record"), {**record, "host": HOSTNAME, "pid": os.getpid()}
         )
-        granted = Lease(self.claim, "session", conn, token=0, attempts=None, lease_seconds=lease)
+        session = DriverSession(conn, self.settings)
+        granted = Lease(self.claim, "session", session, token=0, attempts=None, lease_seconds=lease)
         self._standby.clear()
         self._outage = False
         self._lease = granted

@@ -36,6 +36,12 @@ from celery_pglock.store.connections import (
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.failover import Recall
 from celery_pglock.store.failures import boundary
+from celery_pglock.store.lock_sessions import (
+    DriverSession,
+    LockSession,
+    LockSessions,
+    fresh_session,
+)
 from celery_pglock.store.migrations import ensure_schema
 from celery_pglock.store.pool import Pool
 from celery_pglock.store.statements import OnConnection
@@ -139,9 +145,17 @@ class Database:
 
     ``keep_connections=False``: no pool; each ``getconn`` opens a connection that
     ``putconn`` closes (locked runs outside a worker, see ``serve_tasks``).
+    ``lock_sessions``: where the sessions of locked runs come from (default: the pool's
+    connections; a unit test passes the in-memory twin's).
     """
 
-    def __init__(self, settings: Settings, *, keep_connections: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        keep_connections: bool = True,
+        lock_sessions: LockSessions | None = None,
+    ) -> None:
         self.settings = settings
         self.keep_connections = keep_connections
         self.tables = settings.tables
@@ -163,6 +177,7 @@ class Database:
             timeout=settings.connect_timeout,
             name=f"celery-pglock-{os.getpid()}",
         )
+        self.lock_sessions: LockSessions = lock_sessions or PooledSessions(self)
 
     @property
     def shares_sessions(self) -> bool:
@@ -318,6 +333,25 @@ class Database:
             conn.execute(statement(reset))
         except psycopg.Error:
             conn.close()
+
+
+class PooledSessions:
+    """A ``Database``'s lock sessions: its pool's connections (``LockSessions``)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def take(self) -> LockSession:
+        return DriverSession(self._db.getconn(), self._db.settings)
+
+    def give_back(self, session: LockSession, *, clean: bool) -> bool:
+        return self._db.putconn(session.driver, clean=clean)
+
+    def park(self, session: LockSession) -> None:
+        self._db.park_unwaited(session.driver)
+
+    def fresh(self) -> contextlib.AbstractContextManager[LockSession]:
+        return fresh_session(self._db.settings)
 
 
 def database(settings: Settings, *, keep_connections: bool = True) -> Database:

@@ -125,19 +125,19 @@ def test_claim_tries_once_more_before_skipping_a_holder_whose_release_is_in_flig
     backend = holder.connection.info.backend_pid
     os.kill(backend, signal.SIGSTOP)  # its server process cannot read the release yet
     tries: list[bool] = []
-    real_execute = locks._execute_acquire
+    real_try = locks._try_lock
 
-    def execute_then_thaw(*args: Any) -> Any:
-        conn, row = real_execute(*args)
-        tries.append(bool(row[0]))
+    def try_then_thaw(*args: Any) -> Any:
+        session, row = real_try(*args)
+        tries.append(bool(row["acquired"]))
         if len(tries) == 1:
             os.kill(backend, signal.SIGCONT)
             wait_until(lambda: lock_holders(pg_conn, job) == [], message="the release to land")
-        return conn, row
+        return session, row
 
     try:
         release(db, holder, SUCCEEDED)
-        monkeypatch.setattr(locks, "_execute_acquire", execute_then_thaw)
+        monkeypatch.setattr(locks, "_try_lock", try_then_thaw)
         successor = granted(acquire(other, claim(job, task_id="successor"), "session", 5.0))
     finally:
         os.kill(backend, signal.SIGCONT)
