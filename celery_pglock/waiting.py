@@ -32,7 +32,6 @@ from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.protocol import Claim, Lease, Skip
 from celery_pglock.slots import SLOT_PATTERN
 from celery_pglock.store.database import Database
-from celery_pglock.store.driver import json_value
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
@@ -47,6 +46,18 @@ ABANDONED = "abandoned: its waiting message was sent 10 times and never started"
 ABANDON_PARAMS = {"max_sends": MAX_SENDS, "resend_after": RESEND_AFTER, "reason": ABANDONED}
 # The beat leader's sweep (``stranded_waiting``): waiting slots whose lock nobody holds.
 STRANDED_PARAMS = {"grace": STRANDED_GRACE, "resend_after": RESEND_AFTER, "limit": STRANDED_LIMIT}
+# What a waiting slot's message is sent again with (``send_waiting``, ``stranded_waiting``).
+SENT_COLUMNS = (
+    "task_id",
+    "task_name",
+    "slot",
+    "body",
+    "content_type",
+    "content_encoding",
+    "headers",
+    "exchange",
+    "routing_key",
+)
 STRANDED = "nobody holds its lock (its holder died, or the message was lost on its way)"
 
 
@@ -109,18 +120,20 @@ def decide(db: Database, claim: Claim, message: Message) -> Decision:
     params = {
         **claim.params(),
         **message.encoded(),
-        "headers": json_value({SLOT_HEADER: claim.slot, ENTRY_HEADER: claim.entry}),
+        "headers": {SLOT_HEADER: claim.slot, ENTRY_HEADER: claim.entry},
         "exchange": message.exchange,
         "routing_key": message.routing_key,
         "slot_pattern": SLOT_PATTERN,
         "waiting_lock_1": first,
         "waiting_lock_2": second,
     }
-    with db.connection() as conn, conn.transaction():
-        conn.execute(db.tables.query("lock_waiting"), params)
-        row = conn.execute(db.tables.query("wait_turn"), params).fetchone()
+    with db.statements() as statements, statements.transaction():
+        statements.run("lock_waiting", params)
+        row = statements.row("wait_turn", params)
     assert row is not None
-    return Decision(*row)
+    return Decision(
+        row["outcome"], row["other_slot"], row["other_task_id"], row["replaced_waiting"]
+    )
 
 
 def take_turn(
@@ -167,24 +180,24 @@ def _superseded_meanwhile(db: Database, app: Any, lease: Lease) -> Skip:
 def forget(db: Database, claim: Claim) -> bool:
     """The waiting slot of ``claim`` started or was skipped: it waits no more. False when
     no slot of ``claim`` was waiting."""
-    with db.connection() as conn:
-        params = {"lock_name": claim.lock_name, "slot": claim.slot}
-        return conn.execute(db.tables.query("forget_waiting"), params).fetchone() is not None
+    params = {"lock_name": claim.lock_name, "slot": claim.slot}
+    with db.statements() as statements:
+        return statements.row("forget_waiting", params) is not None
 
 
 def replaced_meanwhile(db: Database, claim: Claim) -> str | None:
     """The task id of the message that replaced ``claim``'s waiting slot, if one did."""
     params = {"lock_name": claim.lock_name, "slot": claim.slot, "task_id": claim.task_id}
-    with db.connection() as conn:
-        row = conn.execute(db.tables.query("replaced_meanwhile"), params).fetchone()
-    return None if row is None else str(row[0])
+    with db.statements() as statements:
+        row = statements.row("replaced_meanwhile", params)
+    return None if row is None else str(row["holder_task_id"])
 
 
 def send_next(db: Database, app: Any, lock_name: str) -> None:
     """The lock was freed: send its waiting slot's message, if a slot waits."""
     params = {"lock_name": lock_name, "resend_after": RESEND_AFTER}
-    with db.connection() as conn:
-        rows = conn.execute(db.tables.query("send_waiting"), params).fetchall()
+    with db.statements() as statements:
+        rows = statements.rows("send_waiting", params)
     for row in rows:
         _publish(app, row, "its lock was freed")
 
@@ -194,15 +207,16 @@ def sweep(app: Any, run_query: RunQuery) -> None:
     (recorded failed), and send again those whose lock nobody holds (their holder died,
     or the message was lost on its way)."""
     _report_given_up(run_query("abandon_waiting", ABANDON_PARAMS))
-    for row in run_query("stranded_waiting", STRANDED_PARAMS):
+    for values in run_query("stranded_waiting", STRANDED_PARAMS):
+        row = dict(zip(SENT_COLUMNS, values, strict=True))
         try:
             _publish(app, row, STRANDED)
         except Exception:  # sent again at the next sweep (RESEND_AFTER)
             logger.exception(
                 "could not send the waiting slot %s of %s",
-                row[2],
-                row[1],
-                extra={"action": "pglock_waiting_not_sent", "slot": row[2]},
+                row["slot"],
+                row["task_name"],
+                extra={"action": "pglock_waiting_not_sent", "slot": row["slot"]},
             )
 
 
@@ -222,18 +236,19 @@ def _report_given_up(rows: list[tuple[Any, ...]]) -> None:
         )
 
 
-def _publish(app: Any, row: tuple[Any, ...], why: str) -> None:
-    task_id, task_name, slot, body, content_type, content_encoding, headers, exchange, key = row
+def _publish(app: Any, row: dict[str, Any], why: str) -> None:
+    task_id, task_name, slot = row["task_id"], row["task_name"], row["slot"]
+    content_type, key = row["content_type"], row["routing_key"]
     args, kwargs = serialization.loads(
-        bytes(body), content_type, content_encoding, accept={content_type}
+        bytes(row["body"]), content_type, row["content_encoding"], accept={content_type}
     )
-    options = {"exchange": exchange, "routing_key": key} if key else {}
+    options = {"exchange": row["exchange"], "routing_key": key} if key else {}
     app.send_task(
         task_name,
         args=args,
         kwargs=kwargs,
         task_id=task_id,
-        headers={**headers, WAITED_HEADER: True},
+        headers={**row["headers"], WAITED_HEADER: True},
         serializer=serialization.registry.type_to_name[content_type],  # type: ignore[attr-defined]
         **options,
     )

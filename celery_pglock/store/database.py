@@ -44,7 +44,7 @@ from celery_pglock.store.lock_sessions import (
 )
 from celery_pglock.store.migrations import ensure_schema
 from celery_pglock.store.pool import Pool
-from celery_pglock.store.statements import OnConnection
+from celery_pglock.store.statements import OnConnection, Statements
 
 logger = logging.getLogger("celery_pglock")
 
@@ -275,11 +275,9 @@ class Database:
         finally:
             self.putconn(conn, clean=True)  # reset anyway if it is not idle
 
-    @contextmanager
-    def statements(self) -> Iterator[OnConnection]:
-        """Named statements on a pooled connection (``connection``), given back afterwards."""
-        with self.connection() as conn:
-            yield OnConnection(conn, self.tables, self.settings)
+    def statements(self) -> contextlib.AbstractContextManager[Statements]:
+        """Named statements on a pooled session (no lock), given back afterwards."""
+        return self.lock_sessions.statements()
 
     def ensure_schema(self, conn: Connection) -> None:
         if self._schema_ready:
@@ -352,6 +350,11 @@ class PooledSessions:
 
     def fresh(self) -> contextlib.AbstractContextManager[LockSession]:
         return fresh_session(self._db.settings)
+
+    @contextmanager
+    def statements(self) -> Iterator[Statements]:
+        with self._db.connection() as conn:
+            yield OnConnection(conn, self._db.tables, self._db.settings)
 
 
 def database(settings: Settings, *, keep_connections: bool = True) -> Database:

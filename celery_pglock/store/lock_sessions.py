@@ -26,6 +26,7 @@ from celery_pglock.store import unwaited
 from celery_pglock.store.connections import close_quietly, connect, in_transaction, ping
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
+from celery_pglock.store.statements import Statements
 from celery_pglock.values import Scope
 
 Row = dict[str, Any]
@@ -43,7 +44,7 @@ class LockSession(Protocol):
     def closed(self) -> bool:
         """Whether the session is known to have ended (closed, or its connection broke)."""
 
-    def row(self, name: str, params: Params, *, outage: bool = False) -> Row | None:
+    def row(self, name: str, params: Params | None = None, *, outage: bool = False) -> Row | None:
         """The first row of statement ``name``, None when it returns none. ``outage``:
         any failure is taken for an outage or a misconfiguration (as while connecting),
         never for the statement's own: where a failure must be retried, not raised."""
@@ -88,6 +89,9 @@ class LockSessions(Protocol):
     def fresh(self) -> AbstractContextManager[LockSession]:
         """A new session of its own, ended afterwards: the pooled ones may all be broken."""
 
+    def statements(self) -> AbstractContextManager[Statements]:
+        """Named statements, no lock, on a pooled session given back afterwards."""
+
 
 class DriverSession:
     """``LockSession`` on a psycopg connection of ``settings``."""
@@ -107,7 +111,7 @@ class DriverSession:
     def closed(self) -> bool:
         return self.conn.closed
 
-    def row(self, name: str, params: Params, *, outage: bool = False) -> Row | None:
+    def row(self, name: str, params: Params | None = None, *, outage: bool = False) -> Row | None:
         query = self._settings.tables.query(name)
         judged = None if outage else self.conn
         with boundary(self._settings, judged), self.conn.cursor(row_factory=dict_row) as cur:
