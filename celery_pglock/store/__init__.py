@@ -7,5 +7,9 @@
 - ``migrations``: the schema's migrations, applied under a lock;
 - ``failures``: a driver error becomes the library's (session gone, outage,
   misconfiguration, read-only, wait ended, statement failed), decided once;
-- ``unwaited``: a statement sent without waiting for its reply.
+- ``unwaited``: a statement sent without waiting for its reply;
+- ``statements``: statements by name with dict rows back (the operator's side);
+- ``lock_sessions``: the server session a run's lock lives on, its statements by name;
+- ``memory``, ``memory_locks``, ``memory_waiting``, ``memory_sessions``: the in-memory
+  twins of the above, for unit tests (the contract tests run on both).
 """

@@ -72,7 +72,7 @@ def _equal(left: Any, right: Any) -> bool:
 
 @dataclass
 class Rows:
-    """The rows of the library's tables that the operator's statements touch."""
+    """The rows of the library's tables that the twins' statements touch."""
 
     runs: dict[tuple[str, str], Row] = field(default_factory=dict)
     sends: dict[tuple[str, str, str], Row] = field(default_factory=dict)
@@ -80,6 +80,8 @@ class Rows:
     skips: list[Row] = field(default_factory=list)
     pauses: dict[tuple[str, str], Row] = field(default_factory=dict)
     audit: list[Row] = field(default_factory=list)
+    holders: dict[int, Row] = field(default_factory=dict)  # by lock key (``grant_lock``)
+    waiting: dict[str, Row] = field(default_factory=dict)  # by lock name (``buffer_one``)
 
 
 class InMemoryStatements:
@@ -123,7 +125,7 @@ class InMemoryStatements:
         if handler is None:
             raise NotImplementedError(f"the in-memory store has no twin of statement {name!r}")
         with self.transaction():  # one statement is one transaction outside of one
-            return handler(_bound(params))
+            return handler(stored(params))
 
     def row(self, name: str, params: Params | None = None) -> Row | None:
         found = self.rows(name, params)
@@ -149,6 +151,20 @@ class InMemoryStatements:
 
     def schema_version(self) -> int | None:
         return latest_version()
+
+    # -- a session's transaction (``memory_sessions``) ------------------------------------
+
+    def begin(self) -> Rows:
+        """A session's transaction begins: ``now`` stays fixed until ``end``. Returns the
+        tables as they are, which ``end`` puts back on a rollback."""
+        self._now = self._tick()
+        return copy.deepcopy(self.data)
+
+    def end(self, restore: Rows | None = None) -> None:
+        """A session's transaction ends: committed, or rolled back to ``restore``."""
+        if restore is not None:
+            self.data = restore
+        self._now = None
 
     # -- seeding -------------------------------------------------------------------------
 
@@ -374,7 +390,7 @@ def _pause_reason(pause: Row) -> str:
     return f"paused by {pause['paused_by']}{why}"
 
 
-def _bound(params: Params | None) -> dict[str, Any]:
+def stored(params: Params | None) -> dict[str, Any]:
     """``params`` as the server would keep them: a mapping goes through JSON (jsonb)."""
     return {
         key: json.loads(json.dumps(value)) if isinstance(value, Mapping) else value
