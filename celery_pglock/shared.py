@@ -230,9 +230,8 @@ def acquire(
         params = {**params, "keys": keys, "application_name": label()}
         try:
             conn, row = sharing.execute(shared_conn, query, params)
-            if not row[
-                "acquired"
-            ]:  # a holder elsewhere may have just ended: one more try, as locks
+            # A holder elsewhere may have just ended: one more try, as locks.acquire does.
+            if not row["acquired"]:
                 conn, row = sharing.execute(shared_conn, query, params)
         except DatabaseError:
             # Cut short (a DBA's statement_timeout, say): a lock it took before failing

@@ -32,7 +32,7 @@ from celery_pglock.store.database import Database
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.lock_sessions import LockSession, Params, Row
 from celery_pglock.store.memory import InMemoryStatements, Rows, stored
-from celery_pglock.store.memory_locks import AdvisoryLocks, Caller, LockStatements
+from celery_pglock.store.memory_locks import AdvisoryLocks, Caller, Key, LockStatements
 from celery_pglock.store.memory_waiting import WaitingStatements
 from celery_pglock.store.statements import Statements
 from celery_pglock.values import Scope
@@ -60,10 +60,6 @@ class InMemoryServer:
     def __repr__(self) -> str:
         return f"<InMemoryServer {len(self._sessions)} sessions>"
 
-    @property
-    def data(self) -> Rows:
-        return self.tables.data
-
     def connect(self) -> InMemorySession:
         """A new session (a backend of its own)."""
         with self.guard:
@@ -75,7 +71,7 @@ class InMemoryServer:
         """The live sessions."""
         return list(self._sessions.values())
 
-    def holds(self, session: InMemorySession, key: int) -> bool:
+    def holds(self, session: InMemorySession, key: Key) -> bool:
         """Whether ``session`` holds lock ``key`` (``holds_lock``)."""
         return self.locks.holds(session.pid, key)
 
@@ -260,9 +256,7 @@ class InMemoryLockSessions:
         self.taken: list[InMemorySession] = []  # out of the pool now
 
     def take(self) -> LockSession:
-        session = self.idle.pop() if self.idle else self.server.connect()
-        self.taken.append(session)
-        return session
+        return self._checkout()
 
     def give_back(self, session: LockSession, *, clean: bool) -> bool:
         assert isinstance(session, InMemorySession), session
@@ -279,12 +273,16 @@ class InMemoryLockSessions:
 
     @contextmanager
     def statements(self) -> Iterator[Statements]:
-        session = self.server.connect() if not self.idle else self.idle.pop()
-        self.taken.append(session)
+        session = self._checkout()
         try:
             yield session
         finally:
             self.give_back(session, clean=True)
+
+    def _checkout(self) -> InMemorySession:
+        session = self.idle.pop() if self.idle else self.server.connect()
+        self.taken.append(session)
+        return session
 
     @contextmanager
     def fresh(self) -> Iterator[LockSession]:

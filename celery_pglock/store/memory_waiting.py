@@ -19,14 +19,8 @@ from celery_pglock.store.memory import InMemoryStatements
 from celery_pglock.store.memory_locks import AdvisoryLocks, Caller
 from celery_pglock.store.statements import Params, Row
 
-MESSAGE_COLUMNS = [
-    "body",
-    "content_type",
-    "content_encoding",
-    "headers",
-    "exchange",
-    "routing_key",
-]
+# The columns ``send_waiting`` returns, as its SQL names them.
+MESSAGE_COLUMNS = ["body", "content_type", "content_encoding", "headers", "exchange", "routing_key"]
 SENT_COLUMNS = ["task_id", "task_name", "slot", *MESSAGE_COLUMNS]
 
 

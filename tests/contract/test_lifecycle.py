@@ -124,7 +124,7 @@ class TwinServer:
 
     def locks_held(self, lock_name: str) -> int:
         return sum(
-            self.server.locks.holds(session.pid, key)
+            self.server.holds(session, key)
             for session in self.server.sessions()
             for key in _keys_of(lock_name)
         )
