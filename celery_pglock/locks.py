@@ -95,7 +95,7 @@ def acquire(
         db.check_session_scope()
     name = "acquire" if claim.slot is not None else "acquire_mutex"
     if scope == "session" and waited is None and db.shares_sessions:
-        return shared.acquire(db, claim, db.tables.query(name), params, lease_seconds)
+        return shared.acquire(db, claim, name, params, lease_seconds)
     session, row = _try_lock(db, name, params, scope, waited)
     if not row["acquired"]:
         # The holder may have just ended, its release sent unwaited and not yet read by
@@ -207,11 +207,11 @@ def _release_shared(db: Database, lease: Lease, state: str, reason: str | None) 
     disarm = db.idle_defaults["idle_session_timeout"] if db.lease_supported else None
     params = release_params(lease, state, reason, disarm)
     try:
-        row = shared.release(db, lease, db.tables.query("release"), params)
+        row = shared.release(db, lease, params)
     except DatabaseError as exc:  # the session was ended: its locks are free
         lease.mark_lost(f"connection lost before the outcome was recorded: {exc}")
         return Released(recorded=_recover_outcome(db, lease, state, reason), lost=True)
-    return _released(db, lease, state, recorded=bool(row[0]))
+    return _released(db, lease, state, recorded=bool(row["recorded"]))
 
 
 def _release_unwaited(db: Database, lease: Lease) -> bool:

@@ -13,15 +13,16 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from celery_pglock import signals
-from celery_pglock.errors import DatabaseError, LockLost, SessionGone
+from celery_pglock.errors import DatabaseError, LockLost, PgLockError, SessionGone
 from celery_pglock.keys import slot_lock, split_key
 from celery_pglock.slots import SLOT_PATTERN, is_time_slot
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.lock_sessions import LockSession
+from celery_pglock.store.shared_sessions import SharedSession
 from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
@@ -134,15 +135,6 @@ class Skip:
         return self.lock_name
 
 
-class Lender(Protocol):
-    """What a lease on a session shared by a process's runs (``shared``) asks of it."""
-
-    answered: float  # when the server last answered on the session (time.monotonic)
-
-    def lend(self, lease: Lease) -> Connection:
-        """A connection of the lease's own for its body, given back at the release."""
-
-
 @dataclass
 class Lease:
     """A granted lock: what the task sees as ``self.pglock``."""
@@ -159,9 +151,9 @@ class Lease:
     confirmed: float = field(default_factory=time.monotonic)
     released: bool = False  # release began: the heartbeat must not use the connection
     # Set when ``lock_session`` is shared by the process's runs (``shared``): the body then
-    # gets a connection of its own (``lent``), never the shared session.
-    shared: Lender | None = None
-    lent: Connection | None = None
+    # gets a session of its own (``lent``), never the shared one.
+    shared: SharedSession | None = None
+    lent: LockSession | None = None
 
     @property
     def lock(self) -> str:
@@ -177,9 +169,13 @@ class Lease:
         """The lock's connection, for the body: in transaction scope inside the lock's
         transaction. A lock on a shared session lends the body a connection of its own
         (a session-scope lock never shares its connection with other code)."""
-        if self.shared is not None:
-            return self.shared.lend(self)
-        return self.lock_connection
+        if self.shared is None:
+            return self.lock_connection
+        if self.released:  # lent now, nothing would give it back
+            raise PgLockError(f"lock {self.lock!r} was released: its run has no connection")
+        if self.lent is None:
+            self.lent = self.shared.lend()
+        return self.lent.driver
 
     @property
     def session(self) -> Connection:

@@ -167,9 +167,6 @@ class Database:
         # What the role/database configured (a DBA may set these); restored after a run.
         self.idle_defaults = dict.fromkeys(IDLE_SETTINGS, "0")
         self.recall = Recall()  # for after a failover (celery_pglock.store.failover)
-        # How the process shares server sessions (``celery_pglock.shared``), made on first use.
-        self.sharing: object | None = None
-        self.shared_lock = threading.Lock()
         self.pool = Pool(
             self._open_connection,
             max_size=pool_size(settings),
