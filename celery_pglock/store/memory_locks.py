@@ -1,6 +1,6 @@
 """The in-memory twin of the lock statements (``sql/queries.sql``: ``acquire``,
-``acquire_mutex``, ``release``, ``release_unwaited``, ``skip``, ``record_outcome``,
-``record_failure_after_rollback``) and of the advisory locks they take.
+``acquire_mutex``, ``release``, ``release_unwaited``, ``unlock_shared``, ``skip``,
+``record_outcome``, ``record_failure_after_rollback``) and of the advisory locks they take.
 
 ``AdvisoryLocks`` keeps which session holds which key as PostgreSQL does: a session's
 lock is re-entrant (taken twice, freed twice), a transaction's lock ends with its
@@ -142,6 +142,7 @@ class LockStatements:
             "acquire_mutex": self._acquire_mutex,
             "release": self._release,
             "release_unwaited": self._release_unwaited,
+            "unlock_shared": self._unlock_shared,
             "skip": self._skip,
             "record_outcome": self._record_outcome,
             "record_failure_after_rollback": self._record_failure_after_rollback,
@@ -262,6 +263,12 @@ class LockStatements:
         caller.set_lease(p["1"], False)
         caller.label(p["2"])
         return []
+
+    def _unlock_shared(self, caller: Caller, p: Params) -> list[Row]:
+        released = sum(self.locks.unlock(caller.pid, key) for key in p["keys"])
+        slot_lock = _slot_lock(p)
+        freed = self.locks.unlock(caller.pid, slot_lock) if slot_lock is not None else None
+        return [{"released": released, "slot_released": freed}]
 
     def _finish(self, row: Row, state: str, reason: str | None) -> None:
         row.update(state=state, reason=reason, finished_at=self.now, updated_at=self.now)
