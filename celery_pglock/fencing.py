@@ -8,12 +8,12 @@ so the check and the write commit (or roll back) together.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from celery_pglock.config import tables_of
 from celery_pglock.errors import StaleToken
 from celery_pglock.schema import Tables
-from celery_pglock.store.driver import is_connection
+from celery_pglock.store.driver import first_row_of
 
 
 def fence(conn: Any, resource: str, token: int, *, tables: Tables | None = None) -> None:
@@ -25,20 +25,9 @@ def fence(conn: Any, resource: str, token: int, *, tables: Tables | None = None)
     """
     tables = tables or default_tables()
     params = {"resource": resource, "token": int(token)}
-    if fetch_one(conn, tables.query("fence"), params) is None:
-        newest = fetch_one(conn, tables.query("fence_newest"), {"resource": resource})
+    if first_row_of(conn, tables.query("fence"), params) is None:
+        newest = first_row_of(conn, tables.query("fence_newest"), {"resource": resource})
         raise StaleToken(resource, int(token), newest[0] if newest else None)
-
-
-def fetch_one(conn: Any, query: bytes, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    if is_connection(conn):
-        return cast("tuple[Any, ...] | None", conn.execute(query, params).fetchone())
-    cursor = conn.cursor()
-    try:
-        cursor.execute(query.decode("utf-8"), params)
-        return cast("tuple[Any, ...] | None", cursor.fetchone())
-    finally:
-        cursor.close()
 
 
 def default_tables() -> Tables:
