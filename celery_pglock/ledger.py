@@ -77,19 +77,15 @@ def record_skip(
 
 
 ORPHAN_SWEEP_PARAMS = {"limit": ORPHAN_SWEEP_LIMIT, "reason": ABANDONED}
-ABANDONED_COLUMNS = ("lock_name", "slot", "token", "task_id", "host", "pid")
-
-
-# Runs one named statement with its parameters, on a connection the caller chose (the
-# beat leader's own, in leader mode); its rows.
-RunQuery = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
+# Runs one named statement with its parameters, on a session the caller chose (the beat
+# leader's own, in leader mode); its rows, as dicts by column name.
+RunQuery = Callable[[str, dict[str, Any]], list[dict[str, Any]]]
 
 
 def sweep_orphans(run_query: RunQuery) -> list[dict[str, Any]]:
     """Record ``failed`` (abandoned) the oldest ``running`` rows whose attempt's session is
     gone; returns them, logged. The beat leader runs it every few seconds."""
-    rows = run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS)
-    found = [dict(zip(ABANDONED_COLUMNS, row, strict=True)) for row in rows]
+    found = run_query("abandon_orphans", ORPHAN_SWEEP_PARAMS)
     report_abandoned(found)
     return found
 

@@ -31,10 +31,7 @@ from celery_pglock.errors import SchemaMissing
 from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
 from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
-from celery_pglock.store import migrations
-from celery_pglock.store.connections import connect
-from celery_pglock.store.failures import boundary
-from celery_pglock.store.statements import Statements
+from celery_pglock.store.statements import Statements, opened
 
 logger = logging.getLogger("celery_pglock")
 
@@ -375,7 +372,7 @@ class Migrated:
 def migrate(settings: Settings, **connect_overrides: Any) -> Migrated:
     """Create or upgrade the tables now (what workers otherwise do on first use)."""
     tables = settings.tables
-    with connect(settings, **connect_overrides) as conn, boundary(settings, conn):
-        applied = migrations.apply_migrations(conn, tables)
-        version = migrations.current_version(conn, tables) or 0
+    with opened(settings, **connect_overrides) as statements:
+        applied = statements.migrate()
+        version = statements.schema_version() or 0
     return Migrated(applied, version, tables.schema, tables.prefix)

@@ -46,18 +46,6 @@ ABANDONED = "abandoned: its waiting message was sent 10 times and never started"
 ABANDON_PARAMS = {"max_sends": MAX_SENDS, "resend_after": RESEND_AFTER, "reason": ABANDONED}
 # The beat leader's sweep (``stranded_waiting``): waiting slots whose lock nobody holds.
 STRANDED_PARAMS = {"grace": STRANDED_GRACE, "resend_after": RESEND_AFTER, "limit": STRANDED_LIMIT}
-# What a waiting slot's message is sent again with (``send_waiting``, ``stranded_waiting``).
-SENT_COLUMNS = (
-    "task_id",
-    "task_name",
-    "slot",
-    "body",
-    "content_type",
-    "content_encoding",
-    "headers",
-    "exchange",
-    "routing_key",
-)
 STRANDED = "nobody holds its lock (its holder died, or the message was lost on its way)"
 
 
@@ -207,8 +195,7 @@ def sweep(app: Any, run_query: RunQuery) -> None:
     (recorded failed), and send again those whose lock nobody holds (their holder died,
     or the message was lost on its way)."""
     _report_given_up(run_query("abandon_waiting", ABANDON_PARAMS))
-    for values in run_query("stranded_waiting", STRANDED_PARAMS):
-        row = dict(zip(SENT_COLUMNS, values, strict=True))
+    for row in run_query("stranded_waiting", STRANDED_PARAMS):
         try:
             _publish(app, row, STRANDED)
         except Exception:  # sent again at the next sweep (RESEND_AFTER)
@@ -220,18 +207,19 @@ def sweep(app: Any, run_query: RunQuery) -> None:
             )
 
 
-def _report_given_up(rows: list[tuple[Any, ...]]) -> None:
+def _report_given_up(rows: list[dict[str, Any]]) -> None:
     """Log the waiting slots the beat leader's sweep gave up (``abandon_waiting``)."""
-    for lock_name, slot, task_id, task_name, sends in rows:
+    for row in rows:
+        lock_name, slot = row["lock_name"], row["slot"]
         logger.error(
             "gave up the waiting slot %s of %s[%s] (lock %r): sent %d times, it never "
             "started (is the task registered on a worker that consumes its queue?); its "
             "ledger row is failed",
             slot,
-            task_name,
-            task_id,
+            row["task_name"],
+            row["task_id"],
             lock_name,
-            sends,
+            row["sends"],
             extra={"action": "pglock_waiting_abandoned", "lock": lock_name, "slot": slot},
         )
 

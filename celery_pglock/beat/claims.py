@@ -38,7 +38,7 @@ class BeatClaims:
     def last_slots_sent(self) -> dict[str, str]:
         """The last slot sent of each entry of this namespace, by any replica."""
         rows = self._run_query("beat_state", {"namespace": self.settings.namespace})
-        return {row[0]: row[1] for row in rows if row[1]}
+        return {row["entry"]: row["last_slot"] for row in rows if row["last_slot"]}
 
     def claim(self, due: list[Due]) -> Claimed:
         """Claim ``due`` in one round trip: the (entry, slot) pairs this replica may send,
@@ -59,8 +59,8 @@ class BeatClaims:
             },
         )
         return Claimed(
-            send={(entry, slot) for entry, slot, paused in rows if not paused},
-            paused={(entry, slot) for entry, slot, paused in rows if paused},
+            send={(row["entry"], row["slot"]) for row in rows if not row["paused"]},
+            paused={(row["entry"], row["slot"]) for row in rows if row["paused"]},
         )
 
     def confirm(self, sent: Iterable[Due]) -> None:
@@ -94,7 +94,7 @@ class BeatClaims:
                 "limit": RESEND_LIMIT,
             },
         )
-        return [(entry, slot) for entry, slot in rows]
+        return [(row["entry"], row["slot"]) for row in rows]
 
     def sweep_orphans(self) -> None:
         """Record failed the ledger rows a dead attempt left running (they are final then)."""

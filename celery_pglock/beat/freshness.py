@@ -71,13 +71,21 @@ class Freshness:
 
 
 def evaluate(
-    rows: Iterable[tuple[Any, ...]], deadlines: dict[str, float], now: datetime
+    rows: Iterable[dict[str, Any]], deadlines: dict[str, float], now: datetime
 ) -> list[Freshness]:
     """``beat_freshness`` rows as ``Freshness``, overdue entries first."""
     found = [
-        Freshness(entry, deadlines[entry], ok, ok_at, pending, due, now)
-        for entry, ok, ok_at, pending, due in rows
-        if entry in deadlines
+        Freshness(
+            row["entry"],
+            deadlines[row["entry"]],
+            row["last_success"],
+            row["last_success_at"],
+            row["first_pending"],
+            row["last_due"],
+            now,
+        )
+        for row in rows
+        if row["entry"] in deadlines
     ]
     return sorted(found, key=lambda f: (f.overdue_by is None, -(f.overdue_by or 0), f.entry))
 
@@ -204,8 +212,4 @@ def entries_freshness(
     lock_name: Callable[[Any], str],
 ) -> list[Freshness]:
     """``look`` through ``statements``, now (``celery pglock status``)."""
-
-    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [tuple(row.values()) for row in statements.rows(name, params)]
-
-    return look(settings, entries, lock_name, run, datetime.now(timezone.utc))
+    return look(settings, entries, lock_name, statements.rows, datetime.now(timezone.utc))

@@ -21,19 +21,10 @@ from celery_pglock.errors import PgLockError
 from celery_pglock.heartbeat import unwatch, watch
 from celery_pglock.locks import lease_ms
 from celery_pglock.protocol import Claim, Lease
-from celery_pglock.store.connections import (
-    HOSTNAME,
-    LEASE_MIN_SERVER_VERSION,
-    application_name,
-    cancel_quietly,
-    close_quietly,
-    connect,
-    watch_client,
-)
+from celery_pglock.store.connections import HOSTNAME, application_name
 from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
-from celery_pglock.store.lock_sessions import DriverSession
-from celery_pglock.store.migrations import ensure_schema
+from celery_pglock.store.leader_session import LeaderSession
+from celery_pglock.store.statements import Statements
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -58,7 +49,8 @@ class LeaderElection:
         self.lease_seconds = lease
         self.on_change = on_change
         self._lease: Lease | None = None
-        self._waiting: Connection | None = None
+        self._session: LeaderSession | None = None  # the lease's, while leading
+        self._waiting: LeaderSession | None = None
         self._closed = threading.Event()
         self._standby = threading.Event()
         self._standby.set()
@@ -70,9 +62,15 @@ class LeaderElection:
 
     @property
     def connection(self) -> Connection | None:
-        """The leader's connection, for claims that must only succeed while leading."""
+        """The leader's connection (the driver's), while leading."""
         lease = self._lease
         return lease.lock_connection if lease is not None else None
+
+    def statements(self) -> Statements | None:
+        """Statements on the leader's session, for claims that must only succeed while
+        leading; None when this replica does not lead."""
+        session = self._session
+        return session.statements() if session is not None else None
 
     def is_leader(self) -> bool:
         lease = self._lease
@@ -92,11 +90,11 @@ class LeaderElection:
 
     def step_down(self, cause: str) -> None:
         """Stop leading: close the connection (the server frees the lock) and stand by."""
-        lease, self._lease = self._lease, None
+        lease, self._lease, self._session = self._lease, None, None
         if lease is None:
             return
         unwatch(lease)
-        close_quietly(lease.lock_connection)
+        lease.lock_session.close()
         logger.warning(
             "beat replica %s stepped down as leader: %s",
             replica_name(),
@@ -111,11 +109,11 @@ class LeaderElection:
         self._closed.set()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
-            cancel_quietly(waiting)
-        lease, self._lease = self._lease, None
+            waiting.cancel()
+        lease, self._lease, self._session = self._lease, None, None
         if lease is not None:
             unwatch(lease)
-            close_quietly(lease.lock_connection)
+            lease.lock_session.close()
         self._standby.set()
 
     def _run(self) -> None:
@@ -130,32 +128,25 @@ class LeaderElection:
                 self._closed.wait(RETRY_DELAY)
 
     def _compete(self) -> None:
-        conn = connect(
-            self.settings,
-            application_name=application_name(" beat standby"),
-            # A leader's ping to a partitioned server fails within the lease, not TCP's minutes.
-            tcp_user_timeout=round(self.lease_seconds * 1000),
-        )
-        self._waiting = conn
+        session = LeaderSession.open(self.settings, self.lease_seconds)
+        self._waiting = session
         try:
-            with boundary(self.settings, conn):
-                watch_client(conn)  # a standby that dies must leave the lock queue at once
-                conn.execute(self.tables.query("leader_wait"), {"key": self.claim.key})
-                if self._closed.is_set():
-                    close_quietly(conn)
-                    return
-                self._promote(conn)
+            session.row("leader_wait", {"key": self.claim.key})
+            if self._closed.is_set():
+                session.close()
+                return
+            self._promote(session)
         except BaseException:
-            close_quietly(conn)  # closing the session frees the leader lock we may hold
+            session.close()  # closing the session frees the leader lock we may hold
             raise
         finally:
             self._waiting = None
 
-    def _promote(self, conn: Connection) -> None:
+    def _promote(self, session: LeaderSession) -> None:
         # Our functions label the session and arm the lease: the schema must exist.
-        ensure_schema(conn, self.tables, auto_migrate=self.settings.auto_migrate)
+        session.statements().ensure_schema(auto_migrate=self.settings.auto_migrate)
         lease: float | None = None
-        if conn.info.server_version >= LEASE_MIN_SERVER_VERSION:
+        if session.lease_supported:
             lease = self.lease_seconds
         else:
             logger.warning(
@@ -163,16 +154,13 @@ class LeaderElection:
                 extra={"action": "pglock_lease_unavailable"},
             )
         params = {"name": application_name(" beat leader"), "lease_ms": lease_ms(lease)}
-        conn.execute(self.tables.query("leader_arm"), params)
+        session.row("leader_arm", params)
         record = {"key": self.claim.key, "lock_name": self.claim.lock_name}
-        conn.execute(
-            self.tables.query("leader_record"), {**record, "host": HOSTNAME, "pid": os.getpid()}
-        )
-        session = DriverSession(conn, self.settings)
+        session.row("leader_record", {**record, "host": HOSTNAME, "pid": os.getpid()})
         granted = Lease(self.claim, "session", session, token=0, attempts=None, lease_seconds=lease)
         self._standby.clear()
         self._outage = False
-        self._lease = granted
+        self._session, self._lease = session, granted
         if lease is not None:
             watch(granted)
         logger.info(

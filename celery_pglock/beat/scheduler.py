@@ -46,10 +46,9 @@ from celery_pglock.keys import leader_lock_name, lock_key
 from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.retention import AutoPrune
 from celery_pglock.startup import StartupWait, refuse_to_start
-from celery_pglock.store.connections import FIX_BEAT, connect, pooler_message
+from celery_pglock.store.connections import FIX_BEAT, pooler_message
 from celery_pglock.store.database import check_server, database
-from celery_pglock.store.failures import boundary
-from celery_pglock.store.migrations import ensure_schema
+from celery_pglock.store.statements import Row, opened
 
 logger = logging.getLogger("celery_pglock.beat")
 
@@ -105,7 +104,6 @@ class PgLockSchedulerMixin:
         )
         self._election: LeaderElection | None = None
         self._freshness = FreshnessWatch(self.pglock_beat, self._run_query, self)
-        self._schema_ready = False
         self._startup: StartupWait | None = None  # created by the first tick
         self._started = False
         self._exit_status: int | None = None  # set when beat must stop (see close)
@@ -327,28 +325,19 @@ class PgLockSchedulerMixin:
             return False
         return True
 
-    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Run a beat query: on the leader's connection in leader mode, else pooled."""
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[Row]:
+        """Run a beat statement: on the leader's session in leader mode, else pooled."""
         if self._election is None:
-            db = database(self.pglock_settings)
-            with db.connection() as conn:
-                return _rows(conn.execute(db.tables.query(name), params))
-        leader_conn = self._election.connection
-        if leader_conn is None:
+            with database(self.pglock_settings).statements() as pooled:
+                return pooled.rows(name, params)
+        leading = self._election.statements()
+        if leading is None:
             raise PgLockError("this replica is no longer the beat leader")
         try:
-            with boundary(self.pglock_settings, leader_conn):
-                self._ensure_schema(leader_conn)
-                return _rows(leader_conn.execute(self.pglock_tables.query(name), params))
+            return leading.rows(name, params)
         except SessionGone as exc:
             self._election.step_down(f"leader connection failed: {exc}")
             raise
-
-    def _ensure_schema(self, conn: Any) -> None:
-        if not self._schema_ready:
-            settings = self.pglock_settings
-            ensure_schema(conn, self.pglock_tables, auto_migrate=settings.auto_migrate)
-            self._schema_ready = True
 
     def _sweep_orphans(self) -> None:
         now = time.monotonic()
@@ -425,10 +414,6 @@ class PgLockSchedulerMixin:
             raise SystemExit(self._exit_status)
 
 
-def _rows(cursor: Any) -> list[tuple[Any, ...]]:
-    return list(cursor.fetchall()) if cursor.description else []
-
-
 class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
     """A complete scheduler: entries from ``beat_schedule``, state in PostgreSQL.
 
@@ -449,15 +434,14 @@ class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
 
     def _load_state(self) -> None:
         settings = self.pglock_settings
-        with connect(settings) as conn, boundary(settings):
-            self._ensure_schema(conn)
-            query = self.pglock_tables.query("beat_state")
-            rows = conn.execute(query, {"namespace": self.pglock_beat.namespace}).fetchall()
-        state = {row[0]: row for row in rows}
+        with opened(settings, outage=True) as statements:
+            statements.ensure_schema(auto_migrate=settings.auto_migrate)
+            rows = statements.rows("beat_state", {"namespace": self.pglock_beat.namespace})
+        state = {row["entry"]: row for row in rows}
         for name, entry in self.data.items():
-            if name in state and state[name][2] is not None:
-                entry.last_run_at = state[name][2]
-                entry.total_run_count = state[name][3]
+            if name in state and state[name]["last_run_at"] is not None:
+                entry.last_run_at = state[name]["last_run_at"]
+                entry.total_run_count = state[name]["total_run_count"]
         self._state_pending = False
 
     def sync(self) -> None:

@@ -51,12 +51,22 @@ class Statements(Protocol):
 
 
 class OnConnection:
-    """``Statements`` on a psycopg connection (autocommit outside ``transaction``)."""
+    """``Statements`` on a psycopg connection (autocommit outside ``transaction``).
+    ``outage``: any failure is taken for an outage or a misconfiguration, as while
+    connecting, never for a statement's own (a start-up read retried until it succeeds)."""
 
-    def __init__(self, conn: Connection, tables: Tables, settings: Settings | None = None):
+    def __init__(
+        self,
+        conn: Connection,
+        tables: Tables,
+        settings: Settings | None = None,
+        *,
+        outage: bool = False,
+    ):
         self.conn = conn
         self.tables = tables
         self._settings = settings
+        self._judged = None if outage else conn
 
     def __repr__(self) -> str:
         return f"<OnConnection {self.tables.schema}.{self.tables.prefix}*>"
@@ -83,22 +93,35 @@ class OnConnection:
         with self._boundary():
             return migrations.current_version(self.conn, self.tables)
 
+    def ensure_schema(self, *, auto_migrate: bool) -> None:
+        """Create or upgrade the library's tables (under an advisory lock), or say how
+        (``SchemaMissing``) when ``auto_migrate`` is off."""
+        with self._boundary():
+            migrations.ensure_schema(self.conn, self.tables, auto_migrate=auto_migrate)
+
+    def migrate(self) -> list[int]:
+        """Apply the missing migrations now (``celery pglock migrate``); those applied."""
+        with self._boundary():
+            return migrations.apply_migrations(self.conn, self.tables)
+
     def _boundary(self) -> Any:
-        return boundary(self._settings, self.conn)
+        return boundary(self._settings, self._judged)
 
 
 @contextmanager
-def adopted(conn: Connection, settings: Settings) -> Iterator[OnConnection]:
+def adopted(
+    conn: Connection, settings: Settings, *, outage: bool = False
+) -> Iterator[OnConnection]:
     """Statements on ``conn``, a connection of ``settings``, closed afterwards; the
-    driver's errors inside become the library's."""
-    with conn, boundary(settings, conn):
-        yield OnConnection(conn, settings.tables, settings)
+    driver's errors inside become the library's (``outage``: as ``OnConnection``'s)."""
+    with conn, boundary(settings, None if outage else conn):
+        yield OnConnection(conn, settings.tables, settings, outage=outage)
 
 
 @contextmanager
-def opened(settings: Settings, **overrides: Any) -> Iterator[OnConnection]:
+def opened(settings: Settings, *, outage: bool = False, **overrides: Any) -> Iterator[OnConnection]:
     """Statements on a new connection of ``settings`` (``connect``'s ``overrides``)."""
-    with adopted(connect(settings, **overrides), settings) as statements:
+    with adopted(connect(settings, **overrides), settings, outage=outage) as statements:
         yield statements
 
 

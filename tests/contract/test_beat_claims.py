@@ -6,7 +6,6 @@ is taken over."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from celery import Celery
 
@@ -14,8 +13,6 @@ from celery_pglock import controls
 from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.planner import Due
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.ledger import RunQuery
-from celery_pglock.store.statements import Statements
 from tests.contract.conftest import Store
 
 NS = "contract"
@@ -30,20 +27,11 @@ class Entry:
     task: str
 
 
-def run_query(statements: Statements) -> RunQuery:
-    """Beat's ``run_query`` on the store: rows as the tuples beat reads."""
-
-    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [tuple(row.values()) for row in statements.rows(name, params)]
-
-    return run
-
-
 def replica(store: Store, name: str) -> BeatClaims:
     app = Celery("contract", set_as_current=False)
     app.conf.update(pglock_dsn="postgresql://nobody@127.0.0.1:9/unused", pglock_namespace=NS)
     settings = dataclasses.replace(BeatSettings.from_app(app), replica=name)
-    return BeatClaims(settings, run_query(store.statements))
+    return BeatClaims(settings, store.statements.rows)
 
 
 def due(entry: str, lock: str, *slots: str) -> list[Due]:

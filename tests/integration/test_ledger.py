@@ -16,6 +16,7 @@ from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database
+from celery_pglock.store.statements import OnConnection
 from tests.integration.locking import (
     Conn,
     claim,
@@ -374,6 +375,4 @@ def test_an_attempt_alive_past_its_session_still_records_its_outcome(
 
 def sweep(conn: Conn, db: Database) -> list[dict[str, Any]]:
     """The beat leader's sweep of rows whose attempt died, run on ``conn``."""
-    return sweep_orphans(
-        lambda name, params: conn.execute(db.tables.query(name), params).fetchall()
-    )
+    return sweep_orphans(OnConnection(conn, db.tables).rows)

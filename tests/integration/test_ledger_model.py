@@ -41,6 +41,7 @@ from celery_pglock.ledger import ABANDONED, FAILED, SUCCEEDED, record_outcome, s
 from celery_pglock.locks import acquire, release
 from celery_pglock.protocol import Lease, Released
 from celery_pglock.store.database import Database
+from celery_pglock.store.statements import OnConnection
 from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
@@ -369,7 +370,7 @@ class LedgerModel(RuleBasedStateMachine):
         expected = {(k, self.rows[k].attempt.token) for k in self.orphans()}
         with self.db.connection() as conn:
             tables = self.db.tables
-            swept = sweep_orphans(lambda name, p: conn.execute(tables.query(name), p).fetchall())
+            swept = sweep_orphans(OnConnection(conn, tables).rows)
         assert expected == {((r["lock_name"], r["slot"]), r["token"]) for r in swept}
         for key, _token in expected:
             self.rows[key].state, self.rows[key].reason = FAILED, ABANDONED

@@ -31,17 +31,27 @@ SLOT_A, SLOT_B = "2026-11-29T18:05:00Z", "2026-11-29T18:05:10Z"
 class Recorder:
     """A ``RunQuery`` that records each statement and answers with the rows given."""
 
-    def __init__(self, **rows: list[tuple[Any, ...]]) -> None:
+    def __init__(self, **rows: list[dict[str, Any]]) -> None:
         self.rows = rows
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    def __call__(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def __call__(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         self.calls.append((name, params))
         return self.rows.get(name, [])
 
     def params(self, name: str) -> dict[str, Any]:
         [found] = [params for called, params in self.calls if called == name]
         return found
+
+
+def claim_row(entry: str, slot: str, paused: bool) -> dict[str, Any]:
+    """A ``beat_claim`` row."""
+    return {"entry": entry, "slot": slot, "paused": paused}
+
+
+def state(entry: str, last_slot: str | None, count: int) -> dict[str, Any]:
+    """A ``beat_state`` row."""
+    return {"entry": entry, "last_slot": last_slot, "last_run_at": None, "total_run_count": count}
 
 
 @pytest.fixture
@@ -75,7 +85,7 @@ def test_only_what_this_replica_claimed_is_sent_and_a_paused_claim_is_not(
 ) -> None:
     """The statement returns what this replica claimed: unpaused ones to send, paused
     ones recorded only; a slot another replica claimed comes back in neither."""
-    run = Recorder(beat_claim=[("a", SLOT_A, False), ("b", SLOT_A, True)])
+    run = Recorder(beat_claim=[claim_row("a", SLOT_A, False), claim_row("b", SLOT_A, True)])
 
     claimed = BeatClaims(settings, run).claim([due(e, SLOT_A) for e in ("a", "b", "c")])
 
@@ -101,7 +111,7 @@ def test_confirm_records_the_sent_claims_in_order_with_their_times(
 
 def test_unconfirmed_claims_are_read_after_the_resend_delay(settings: BeatSettings) -> None:
     """Claims never confirmed are taken over by this replica after pglock_beat_resend_after."""
-    run = Recorder(beat_unsent=[("a", SLOT_A)])
+    run = Recorder(beat_unsent=[{"entry": "a", "slot": SLOT_A}])
 
     found = BeatClaims(settings, run).unconfirmed()
 
@@ -112,7 +122,7 @@ def test_unconfirmed_claims_are_read_after_the_resend_delay(settings: BeatSettin
 
 def test_the_last_slots_sent_skip_entries_never_sent(settings: BeatSettings) -> None:
     """A new leader goes on from the stored slots; an entry with none starts afresh."""
-    run = Recorder(beat_state=[("a", SLOT_A, None, 1), ("b", None, None, 0)])
+    run = Recorder(beat_state=[state("a", SLOT_A, 1), state("b", None, 0)])
 
     assert {"a": SLOT_A} == BeatClaims(settings, run).last_slots_sent()
 
@@ -121,7 +131,8 @@ def test_the_orphan_sweep_reports_each_row_it_recorded_failed(
     settings: BeatSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rows whose attempt died are named in one WARNING each, with their token."""
-    row = ("ns:proj.a", SLOT_A, 7, "task-1", "host-1", 42)
+    row = {"lock_name": "ns:proj.a", "slot": SLOT_A, "token": 7}
+    row |= {"task_id": "task-1", "host": "host-1", "pid": 42}
     run = Recorder(abandon_orphans=[row])
 
     with caplog.at_level(logging.WARNING, logger="celery_pglock"):
@@ -135,7 +146,7 @@ def test_the_orphan_sweep_reports_each_row_it_recorded_failed(
 def test_a_new_leader_takes_over_every_unconfirmed_claim_at_once(settings: BeatSettings) -> None:
     """Whoever claimed them no longer leads: no wait for pglock_beat_resend_after, and a
     whole batch per statement (not 100 a tick)."""
-    run = Recorder(beat_unsent=[("a", SLOT_A)])
+    run = Recorder(beat_unsent=[{"entry": "a", "slot": SLOT_A}])
 
     BeatClaims(settings, run).unconfirmed(at_once=True)
 
@@ -174,7 +185,7 @@ def test_a_stop_mid_tick_confirms_what_went_out_and_says_so_when_it_cannot(
 
     assert ["a"] == run.params("beat_confirm")["entries"]
 
-    def refuse(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def refuse(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         raise DatabaseUnavailable("gone")
 
     confirmations = Confirmations(BeatClaims(settings, refuse))

@@ -85,6 +85,11 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return fake
 
 
+def state_row(entry: str, last_slot: str) -> dict[str, Any]:
+    """A ``beat_state`` row."""
+    return {"entry": entry, "last_slot": last_slot, "last_run_at": None, "total_run_count": 1}
+
+
 @dataclass
 class Store:
     """The beat tables in memory: the first claim of an (entry, slot) wins."""
@@ -92,14 +97,14 @@ class Store:
     last: dict[str, str] = field(default_factory=dict)
     claims: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         if name == "beat_state":
-            return [(entry, slot, None, 1) for entry, slot in self.last.items()]
+            return [state_row(entry, slot) for entry, slot in self.last.items()]
         if name == "beat_claim":
             wanted = zip(params["entries"], params["slots"], strict=True)
             won = [pair for pair in wanted if pair not in self.claims]
             self.claims.update(dict.fromkeys(won, params["replica"]))
-            return [(entry, slot, False) for entry, slot in won]  # no entry is paused
+            return [{"entry": e, "slot": s, "paused": False} for e, s in won]  # none paused
         if name == "beat_confirm":
             for entry, slot in zip(params["entries"], params["slots"], strict=True):
                 self.last[entry] = max(slot, self.last.get(entry, ""))
@@ -129,7 +134,7 @@ class SimulatedScheduler(PgLockScheduler):
     def _start_once(self) -> None:
         """No database to reach at start-up."""
 
-    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self.store.query(name, params)
 
     def apply_async(
@@ -395,7 +400,7 @@ def test_losing_the_lease_mid_tick_is_not_reported_as_an_outage(
     election = FakeElection()
 
     class LosesLease(SimulatedScheduler):
-        def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        def _run_query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
             election.leader = False  # the server ended the leader's session
             raise SessionGone("terminating connection due to idle-session timeout")
 
@@ -417,7 +422,7 @@ def test_a_database_error_while_leading_is_reported_once(
     failing = True
 
     class Flaky(SimulatedScheduler):
-        def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        def _run_query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
             if failing:
                 raise DatabaseUnavailable("connection refused")
             return super()._run_query(name, params)
@@ -535,7 +540,7 @@ class StoppedDuringClaim(SlowPublisher):
     """A SIGTERM reaches beat while its claim is on the server: the claims commit, and
     the stop is raised before their rows come back (psycopg waiting for the answer)."""
 
-    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         rows = super()._run_query(name, params)
         if name == "beat_claim":
             signal.raise_signal(signal.SIGTERM)
@@ -560,13 +565,13 @@ class StoppedDuringTakeover(SlowPublisher):
 
     left: list[tuple[str, str]]
 
-    def _run_query(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _run_query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         if name != "beat_unsent":
             return super()._run_query(name, params)
         taken, self.left = self.left, []
         if taken:
             signal.raise_signal(signal.SIGTERM)
-        return list(taken)
+        return [{"entry": entry, "slot": slot} for entry, slot in taken]
 
 
 def test_a_stop_during_the_takeover_resends_what_was_taken_over(clock: Clock) -> None:

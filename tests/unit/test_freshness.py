@@ -18,8 +18,16 @@ NOW = datetime(2026, 12, 1, 3, 30, tzinfo=timezone.utc)
 DONE_AT = NOW - timedelta(hours=23)
 
 
-def row(entry: str, pending: str | None, ok: str | None = "2026-11-30T02:00:00Z") -> tuple:
-    return (entry, ok, DONE_AT if ok else None, pending, pending or ok)
+def row(entry: str, pending: str | None, ok: str | None = "2026-11-30T02:00:00Z") -> dict[str, Any]:
+    """A ``beat_freshness`` row."""
+    done_at = DONE_AT if ok else None
+    return {
+        "entry": entry,
+        "last_success": ok,
+        "last_success_at": done_at,
+        "first_pending": pending,
+        "last_due": pending or ok,
+    }
 
 
 def test_a_slot_not_succeeded_past_the_deadline_is_overdue_by_the_rest() -> None:
