@@ -110,21 +110,48 @@ def imports_of(tree: ast.Module) -> Iterator[str]:
             yield node.module
 
 
-def test_above_the_store_no_module_imports_the_driver() -> None:
-    """psycopg is the store's: a module above it names a statement and gets rows or the
-    library's errors. Below it (SQL text, a DSN's check) psycopg's own helpers are used."""
+def above_the_store() -> Iterator[tuple[Path, ast.Module]]:
+    """Every module of the core above the store (the test tools and the demo aside)."""
     layers = contract_layers()
     below = {
         module for layer in layers[layers.index("store") + 1 :] for module in layer.split(" | ")
     }
-    found = []
     for path in sorted((ROOT / "celery_pglock").rglob("*.py")):
         first = path.relative_to(ROOT / "celery_pglock").parts[0].removesuffix(".py")
-        if first in {"store", *below, *TOOLS}:
-            continue
-        found += [
-            f"{path.relative_to(ROOT)}: {name}"
-            for name in imports_of(ast.parse(path.read_text()))
-            if name.split(".")[0] == "psycopg"
-        ]
+        if first not in {"store", *below, *TOOLS}:
+            yield path.relative_to(ROOT), ast.parse(path.read_text())
+
+
+def test_above_the_store_no_module_imports_the_driver() -> None:
+    """psycopg is the store's: a module above it names a statement and gets rows or the
+    library's errors. Below it (SQL text, a DSN's check) psycopg's own helpers are used."""
+    found = [
+        f"{path}: {name}"
+        for path, tree in above_the_store()
+        for name in imports_of(tree)
+        if name.split(".")[0] == "psycopg"
+    ]
     assert found == []
+
+
+def test_above_the_store_no_module_runs_sql_or_translates_errors_itself() -> None:
+    """Above the store a statement runs by its name through the store, which translates
+    the driver's errors once: no ``execute`` call, no ``boundary`` of its own."""
+    found = [
+        f"{path}:{node.lineno}: {name}"
+        for path, tree in above_the_store()
+        for node in ast.walk(tree)
+        if (name := _sql_call(node)) is not None
+    ]
+    assert found == []
+
+
+def _sql_call(node: ast.AST) -> str | None:
+    """``execute`` or ``executemany`` called on anything, or ``boundary`` called."""
+    if not isinstance(node, ast.Call):
+        return None
+    if isinstance(node.func, ast.Attribute) and node.func.attr in {"execute", "executemany"}:
+        return node.func.attr
+    if isinstance(node.func, ast.Name) and node.func.id == "boundary":
+        return "boundary"
+    return None
