@@ -41,7 +41,7 @@ import redis
 from psycopg import sql
 
 from benchmarks import common
-from celery_pglock.keys import lock_key
+from celery_pglock._keys import lock_key
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks-beat.md"

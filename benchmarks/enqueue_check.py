@@ -31,11 +31,11 @@ from celery import Celery
 from benchmarks import common
 from benchmarks.roundtrips import CountingProxy
 from celery_pglock import PgLockTask
-from celery_pglock.config import Settings, app_settings
-from celery_pglock.keys import lock_key
-from celery_pglock.ledger import SUCCEEDED, enqueued_skip
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings, app_settings
+from celery_pglock._keys import lock_key
+from celery_pglock._ledger import SUCCEEDED, enqueued_skip
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.store.database import Database, close_all, database
 
 DONE_SLOT = "2026-01-01T00:00:00Z"

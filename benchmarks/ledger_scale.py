@@ -25,11 +25,11 @@ import psycopg
 from psycopg import sql
 
 from benchmarks import common
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.retention import prune
 from celery_pglock.schema import Tables
 from celery_pglock.store.database import Database, close_all, database

@@ -38,11 +38,11 @@ import redis
 
 from benchmarks import common
 from celery_pglock import WAITING
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key, lock_keys
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key, lock_keys
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.store.database import Database, close_all
 from tests.apps import testapp
 from tests.apps.harness import Gate, configure_client, executions, redis_app_env, start_workers

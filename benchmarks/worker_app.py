@@ -25,10 +25,10 @@ from celery_singleton import Singleton  # type: ignore[import-untyped]
 from benchmarks.records import BODY_RAN, SKIP_DECIDED, report, started, time_tasks
 from celery_pglock import PgLockTask
 from celery_pglock import signals as pglock_signals
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire_params, lease_ms, release_params
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire_params, lease_ms, release_params
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.store import unwaited
 from celery_pglock.store.connections import HOSTNAME, application_name
 from celery_pglock.store.lock_sessions import DriverSession

@@ -6,9 +6,16 @@ per-slot run ledger, a server-enforced lease for frozen holders, and fencing tok
 
 from __future__ import annotations
 
+from celery_pglock import (
+    _retrofit,  # noqa: F401 - applies pglock_all_tasks
+    _worker,  # noqa: F401 - the worker's signal hooks
+)
 from celery_pglock import metrics as _metrics  # noqa: F401 - hooks for pglock_metrics
-from celery_pglock import retrofit as _retrofit  # noqa: F401 - applies pglock_all_tasks
-from celery_pglock import worker as _worker  # noqa: F401 - the worker's signal hooks
+from celery_pglock._fencing import fence
+from celery_pglock._keys import lock_key
+from celery_pglock._standalone import advisory_lock, run_once
+from celery_pglock._states import SKIPPED, WAITING
+from celery_pglock._task import PgLockMixin, PgLockTask
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseError,
@@ -19,8 +26,6 @@ from celery_pglock.errors import (
     StaleToken,
     TaskSkipped,
 )
-from celery_pglock.fencing import fence
-from celery_pglock.keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.signals import (
     beat_leader_changed,
@@ -29,9 +34,6 @@ from celery_pglock.signals import (
     task_overdue,
     task_skipped,
 )
-from celery_pglock.standalone import advisory_lock, run_once
-from celery_pglock.states import SKIPPED, WAITING
-from celery_pglock.task import PgLockMixin, PgLockTask
 
 __version__ = "0.2.0.dev0"  # the one place of the version (pyproject.toml reads it)
 

@@ -59,7 +59,7 @@ class DatabaseMisconfigured(DatabaseUnavailable, ConfigurationError):
 
     A ``DatabaseUnavailable`` where it happens at run time (a task retries it as it retries
     an outage, giving an operator time to fix it); a ``ConfigurationError`` at start-up,
-    where a process stops on it at once, naming the fix (``celery_pglock.startup``).
+    where a process stops on it at once, naming the fix (``celery_pglock._startup``).
     """
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals as celery_signals
 
 from celery_pglock import signals
-from celery_pglock.config import enabled_setting
+from celery_pglock._config import enabled_setting
 from celery_pglock.errors import ConfigurationError
 
 if TYPE_CHECKING:

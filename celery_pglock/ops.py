@@ -26,10 +26,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._keys import leader_lock_name, lock_key, lock_keys
+from celery_pglock._ledger import parse_application_name
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.keys import leader_lock_name, lock_key, lock_keys
-from celery_pglock.ledger import parse_application_name
 from celery_pglock.schema import Tables
 from celery_pglock.store.statements import Statements, opened
 

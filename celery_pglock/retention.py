@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from celery_pglock.config import Settings, setting
+from celery_pglock._config import Settings, setting
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.store.statements import Statements, opened
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from celery_pglock import slots
+from celery_pglock import _slots as slots
+from celery_pglock._keys import lock_key
+from celery_pglock._ledger import RunQuery, sweep_orphans
 from celery_pglock.beat.planner import Due
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.keys import lock_key
-from celery_pglock.ledger import RunQuery, sweep_orphans
 
 
 class Claimed(NamedTuple):

@@ -12,12 +12,12 @@ from typing import Any
 
 from celery import Celery
 
-from celery_pglock.config import TaskOptions, enabled_setting, namespace_of
+from celery_pglock._config import TaskOptions, enabled_setting, namespace_of
+from celery_pglock._keys import default_lock_name
+from celery_pglock._names import lock_name
+from celery_pglock._retrofit import SETTING as ALL_TASKS
+from celery_pglock._task import PgLockMixin
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.keys import default_lock_name
-from celery_pglock.names import lock_name
-from celery_pglock.retrofit import SETTING as ALL_TASKS
-from celery_pglock.task import PgLockMixin
 
 logger = logging.getLogger("celery_pglock.beat")
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery_pglock import signals, slots
+from celery_pglock import _slots as slots
+from celery_pglock import signals
+from celery_pglock._ledger import RunQuery
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.ledger import RunQuery
 from celery_pglock.store.statements import Statements
 
 logger = logging.getLogger("celery_pglock.beat")

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable
 
 from celery_pglock import signals
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._heartbeat import unwatch, watch
+from celery_pglock._locks import lease_ms
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.errors import PgLockError
-from celery_pglock.heartbeat import unwatch, watch
-from celery_pglock.locks import lease_ms
-from celery_pglock.protocol import Claim, Lease
 from celery_pglock.store.connections import HOSTNAME, application_name
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.leader_session import LeaderSession

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from celery_pglock import slots
+from celery_pglock import _slots as slots
 from celery_pglock.beat.settings import BeatSettings
 
 logger = logging.getLogger("celery_pglock.beat")

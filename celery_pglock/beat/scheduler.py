@@ -27,7 +27,11 @@ from typing import Any, NoReturn
 
 from celery.beat import Scheduler
 
-from celery_pglock import waiting
+from celery_pglock import _waiting as waiting
+from celery_pglock._config import TaskOptions
+from celery_pglock._keys import leader_lock_name, lock_key
+from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock._startup import StartupWait, refuse_to_start
 from celery_pglock.beat.claims import RESEND_LIMIT, BeatClaims
 from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.freshness import FreshnessWatch
@@ -35,17 +39,13 @@ from celery_pglock.beat.leader import LeaderElection
 from celery_pglock.beat.planner import Due, SlotPlanner
 from celery_pglock.beat.sending import Confirmations, HeldStops, batched
 from celery_pglock.beat.settings import ENTRY_OPTIONS, BeatSettings
-from celery_pglock.config import TaskOptions
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     PgLockError,
     SessionGone,
 )
-from celery_pglock.keys import leader_lock_name, lock_key
-from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.retention import AutoPrune
-from celery_pglock.startup import StartupWait, refuse_to_start
 from celery_pglock.store.connections import FIX_BEAT, pooler_message
 from celery_pglock.store.database import check_server, database
 from celery_pglock.store.statements import Row, opened

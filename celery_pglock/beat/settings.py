@@ -8,10 +8,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from celery_pglock.config import Settings, app_settings, namespace_of, setting
+from celery_pglock._config import Settings, app_settings, namespace_of, setting
+from celery_pglock._values import CatchUp, catch_up_option, overdue_option
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.values import CatchUp, catch_up_option, overdue_option
 
 logger = logging.getLogger("celery_pglock.beat")
 

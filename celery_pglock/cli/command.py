@@ -15,6 +15,8 @@ import click
 from celery import Celery
 
 from celery_pglock import ops, retention
+from celery_pglock._config import app_settings, tables_of
+from celery_pglock._keys import lock_key
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (
     EXIT_NOT_FOUND,
@@ -31,9 +33,7 @@ from celery_pglock.cli.controls import pause, resume, trigger, why
 from celery_pglock.cli.entries import BY_HELP
 from celery_pglock.cli.replay import backfill, rerun, schedule
 from celery_pglock.cli.web import web
-from celery_pglock.config import app_settings, tables_of
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.keys import lock_key
 from celery_pglock.steering import actions, reads
 from celery_pglock.steering.apps import namespace
 from celery_pglock.store.statements import Statements

@@ -79,9 +79,9 @@ def run(  # click passes every parameter by keyword
     status (125: celery-pglock failed, 126/127: the command cannot run). The command gets
     PGLOCK_LOCK, PGLOCK_SLOT and PGLOCK_TOKEN; SIGTERM, SIGINT and SIGHUP are forwarded.
     """
+    from celery_pglock._standalone import LockOptions  # noqa: PLC0415
     from celery_pglock.cli.run import EXIT_WRAPPER_FAILED, run_command  # noqa: PLC0415
     from celery_pglock.errors import ConfigurationError  # noqa: PLC0415
-    from celery_pglock.standalone import LockOptions  # noqa: PLC0415
 
     try:
         options = LockOptions(dsn, "session", lease, wait, timeout, schema, table_prefix)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
+from celery_pglock._messages import checked_slot
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.messages import checked_slot
 
 BY_HELP = "Who acts, for the audit trail [default: user@host]."
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from celery_pglock import preview
+from celery_pglock import _preview as preview
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.cli import output
 from celery_pglock.cli.common import (

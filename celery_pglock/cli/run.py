@@ -35,8 +35,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
+from celery_pglock._standalone import LockHandle, LockOptions, describe_skip, hold
 from celery_pglock.errors import LockLost, PgLockError
-from celery_pglock.standalone import LockHandle, LockOptions, describe_skip, hold
 
 OnLost = Literal["terminate", "continue"]
 

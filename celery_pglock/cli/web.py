@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from celery_pglock._config import web_credentials
 from celery_pglock.cli.common import Refused, current_app, reported_errors
-from celery_pglock.config import web_credentials
 
 
 def _bind(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:

@@ -15,9 +15,9 @@ from typing import Any
 from celery import Celery, Task
 from celery.signals import before_task_publish
 
+from celery_pglock._task import PgLockTask
 from celery_pglock.demo import schedule
 from celery_pglock.demo.store import Recorder
-from celery_pglock.task import PgLockTask
 
 ENV = os.environ
 LOCKED = ENV.get(schedule.ENV_LOCK, "1") == "1"

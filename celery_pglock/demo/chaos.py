@@ -20,10 +20,10 @@ from typing import Any
 
 from celery import Celery
 
+from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock.demo import schedule
 from celery_pglock.demo.facts import Reader
 from celery_pglock.demo.processes import Fleet, Process
-from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
 
 LONG_TASK = max(schedule.TASKS, key=lambda task: task.runs_for)
 FREEZE_FOR = schedule.LEASE + 2.0

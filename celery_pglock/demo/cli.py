@@ -14,13 +14,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from celery_pglock._dsn import redact
 from celery_pglock.demo import render, server
 from celery_pglock.demo.chaos import MIN_DURATION
 from celery_pglock.demo.processes import ProcessFailed
 from celery_pglock.demo.progress import Display
 from celery_pglock.demo.report import full_report
 from celery_pglock.demo.runner import Place, RunRecord, RunSpec, run
-from celery_pglock.dsn import redact
 
 EXIT_DOUBLE = 1
 EXIT_SETUP = 2

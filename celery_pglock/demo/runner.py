@@ -16,13 +16,13 @@ from typing import Any
 
 from celery import Celery
 
+from celery_pglock._dsn import redact
 from celery_pglock.demo import schedule
 from celery_pglock.demo.chaos import Chaos, Event, Redeliverer
 from celery_pglock.demo.facts import Facts, Reader
 from celery_pglock.demo.processes import Fleet
 from celery_pglock.demo.progress import Display, Snapshot
 from celery_pglock.demo.server import prepare_broker
-from celery_pglock.dsn import redact
 
 TICK = 0.25
 READY_TIMEOUT = 60.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from celery_pglock.slots import format_slot, interval_slot
+from celery_pglock._slots import format_slot, interval_slot
 
 # Environment the demo process hands to every beat and worker it starts.
 ENV_DSN = "PGLOCK_DEMO_DSN"

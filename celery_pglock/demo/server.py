@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from celery_pglock._dsn import redact
 from celery_pglock.demo import store
-from celery_pglock.dsn import redact
 from celery_pglock.schema import Tables
 from celery_pglock.store.migrations import apply_migrations
 from celery_pglock.testing.embedded import EmbeddedPostgres, EmbeddedPostgresError

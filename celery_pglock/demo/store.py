@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from celery_pglock._fencing import fence
 from celery_pglock.errors import StaleToken
-from celery_pglock.fencing import fence
 from celery_pglock.schema import Tables
 
 EXECUTIONS = "demo_executions"

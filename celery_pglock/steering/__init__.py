@@ -5,6 +5,6 @@
 operator action, one function each (``actions``), who acts and how a face connects
 (``operator``), the app's beat entries as its scheduler loads them (``apps``), and the
 reads a page or a command shows (``reads``: the status, one slot's story, an entry's
-history, the audit trail). The writes are ``celery_pglock.controls``'; nothing here
+history, the audit trail). The writes are ``celery_pglock._controls``'; nothing here
 knows click or HTML.
 """

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery_pglock import controls, ops
+from celery_pglock import _controls as controls
+from celery_pglock import ops
+from celery_pglock._messages import checked_slot
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.messages import checked_slot
 from celery_pglock.ops import Row
 from celery_pglock.steering import replay
 from celery_pglock.steering.apps import Schedule, lock_of, namespace

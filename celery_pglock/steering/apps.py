@@ -14,16 +14,18 @@ from typing import Any
 from celery import Celery
 from celery.utils.imports import symbol_by_name
 
-from celery_pglock import controls, ops, policy
+from celery_pglock import _controls as controls
+from celery_pglock import _policy as policy
+from celery_pglock import ops
+from celery_pglock._config import namespace_of
+from celery_pglock._keys import lock_key
+from celery_pglock._messages import BUILTIN_PREFIX, ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER
+from celery_pglock._names import fixed_lock_name
+from celery_pglock._task import PgLockMixin
 from celery_pglock.beat.entries import entry_lock_name
 from celery_pglock.beat.scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat.settings import BeatSettings
-from celery_pglock.config import namespace_of
 from celery_pglock.errors import ConfigurationError, NotPgLockScheduler, UnknownEntry
-from celery_pglock.keys import lock_key
-from celery_pglock.messages import BUILTIN_PREFIX, ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER
-from celery_pglock.names import fixed_lock_name
-from celery_pglock.task import PgLockMixin
 
 
 def setup_django() -> None:

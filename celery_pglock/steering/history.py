@@ -17,7 +17,10 @@ from typing import Any
 
 from celery.schedules import crontab, schedule, solar
 
-from celery_pglock import controls, ops, preview, slots
+from celery_pglock import _controls as controls
+from celery_pglock import _preview as preview
+from celery_pglock import _slots as slots
+from celery_pglock import ops
 from celery_pglock.beat.freshness import entries_freshness
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.ops import Row

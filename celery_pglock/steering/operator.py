@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from celery_pglock import controls
-from celery_pglock.config import app_settings
-from celery_pglock.startup import wait_for_postgres
+from celery_pglock import _controls as controls
+from celery_pglock._config import app_settings
+from celery_pglock._startup import wait_for_postgres
 from celery_pglock.steering.apps import target
 from celery_pglock.store.connections import connect
 from celery_pglock.store.driver import Connection

@@ -13,7 +13,9 @@ from typing import Any
 
 from celery import Celery
 
-from celery_pglock import controls, ops, slots
+from celery_pglock import _controls as controls
+from celery_pglock import _slots as slots
+from celery_pglock import ops
 from celery_pglock.beat.freshness import Freshness, entries_freshness
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.errors import ConfigurationError, NotPgLockScheduler

@@ -1,7 +1,7 @@
 """Slots sent by name: one triggered now, past ones sent again (backfill), a succeeded
 one run once more (rerun), and how they go out (a ``Send``: waiting for each, in the
 background, or published once). What is sent and audited is ``steering.actions``'; the
-writes themselves are ``celery_pglock.controls``'."""
+writes themselves are ``celery_pglock._controls``'."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from celery_pglock import controls, slots
+from celery_pglock import _controls as controls
+from celery_pglock import _slots as slots
 from celery_pglock.beat.settings import BeatSettings
 from celery_pglock.errors import ConfigurationError, PgLockError
 from celery_pglock.ops import Row

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.errors import ServerFull
 from celery_pglock.schema import statement
 from celery_pglock.store.driver import Connection

@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.config import Settings
-from celery_pglock.dsn import redact
+from celery_pglock._config import Settings
+from celery_pglock._dsn import redact
 from celery_pglock.schema import statement
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary, read_only

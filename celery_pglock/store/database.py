@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import waiting
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseError
 from celery_pglock.schema import statement
 from celery_pglock.store import admission, unwaited

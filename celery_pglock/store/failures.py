@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from celery_pglock.config import Settings
-from celery_pglock.dsn import redact
+from celery_pglock._config import Settings
+from celery_pglock._dsn import redact
 from celery_pglock.errors import (
     DatabaseError,
     DatabaseMisconfigured,

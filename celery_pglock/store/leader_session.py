@@ -10,7 +10,7 @@ session was ended cannot claim, and so cannot send.
 
 from __future__ import annotations
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.store.connections import (
     LEASE_MIN_SERVER_VERSION,
     application_name,

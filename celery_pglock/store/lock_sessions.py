@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 from psycopg.rows import dict_row
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._values import Scope
 from celery_pglock.store import unwaited
 from celery_pglock.store.connections import close_quietly, connect, in_transaction, ping
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.failures import boundary
 from celery_pglock.store.statements import Statements
-from celery_pglock.values import Scope
 
 Row = dict[str, Any]
 Params = Mapping[str, Any]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from celery_pglock.keys import lock_key
+from celery_pglock._keys import lock_key
 from celery_pglock.schema import Tables, latest_version
 from celery_pglock.store.statements import Params, Row
 

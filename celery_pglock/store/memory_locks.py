@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery_pglock.slots import parse_slot
+from celery_pglock._slots import parse_slot
 from celery_pglock.store.memory import InMemoryStatements
 from celery_pglock.store.statements import Params, Row
 

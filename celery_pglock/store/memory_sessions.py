@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._values import Scope
 from celery_pglock.errors import PgLockError, SessionGone
 from celery_pglock.store.database import Database
 from celery_pglock.store.driver import Connection
@@ -35,7 +36,6 @@ from celery_pglock.store.memory import InMemoryStatements, Rows, stored
 from celery_pglock.store.memory_locks import AdvisoryLocks, Caller, Key, LockStatements
 from celery_pglock.store.memory_waiting import WaitingStatements
 from celery_pglock.store.statements import Statements
-from celery_pglock.values import Scope
 
 SERVER_VERSION = 150000  # PostgreSQL 15: the lease is supported
 DEFAULT_IDLE = {"idle_session_timeout": "0", "idle_in_transaction_session_timeout": "0"}

@@ -8,8 +8,8 @@ import logging
 from psycopg import sql
 
 from celery_pglock import schema
+from celery_pglock._keys import lock_key
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.keys import lock_key
 from celery_pglock.store.driver import Connection
 
 logger = logging.getLogger("celery_pglock")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 
 PING_TIMEOUT = 2  # seconds a ping may take per server (libpq's least connect_timeout)
 

@@ -6,7 +6,7 @@ whose tasks run as threads or greenlets keeps its session-scope locks on one
 module owns that session's connection: it takes one from the database's lock sessions
 when a statement needs it, gives it back once no run holds a lock on it, and ends it
 whenever its state is in doubt, telling every holder that its lock is gone. Which run
-holds which lock is the process's bookkeeping, above the store (``celery_pglock.shared``).
+holds which lock is the process's bookkeeping, above the store (``celery_pglock._shared``).
 
 The caller takes turns (one statement at a time per process): nothing here locks.
 Built only on ``LockSessions``, so the in-memory twin shares sessions the same way.

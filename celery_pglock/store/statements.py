@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.schema import Tables
 from celery_pglock.store import migrations
 from celery_pglock.store.connections import connect

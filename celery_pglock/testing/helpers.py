@@ -12,10 +12,10 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from celery_pglock import config
-from celery_pglock.messages import SLOT_HEADER
+from celery_pglock import _config as config
+from celery_pglock._messages import SLOT_HEADER
+from celery_pglock._states import SKIPPED
 from celery_pglock.schema import Tables
-from celery_pglock.states import SKIPPED
 from celery_pglock.store.database import close_all
 from celery_pglock.store.migrations import ensure_schema
 

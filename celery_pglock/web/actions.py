@@ -18,9 +18,10 @@ from werkzeug.routing import MapAdapter
 from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
-from celery_pglock import controls, ops
+from celery_pglock import _controls as controls
+from celery_pglock import ops
+from celery_pglock._messages import checked_slot
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.messages import checked_slot
 from celery_pglock.ops import Row
 from celery_pglock.steering import actions, replay
 from celery_pglock.steering.apps import Schedule

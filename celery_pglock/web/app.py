@@ -24,8 +24,8 @@ from werkzeug.routing import Map, MapAdapter, Rule
 from werkzeug.wrappers import Request, Response
 
 from celery_pglock import ops
-from celery_pglock.config import app_settings, web_credentials
-from celery_pglock.dsn import redact
+from celery_pglock._config import app_settings, web_credentials
+from celery_pglock._dsn import redact
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,

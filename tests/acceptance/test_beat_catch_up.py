@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_pglock.slots import format_slot
+from celery_pglock._slots import format_slot
 from tests.acceptance.beat_support import (
     APP,
     Scenario,

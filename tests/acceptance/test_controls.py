@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_pglock.messages import SLOT_HEADER
+from celery_pglock._messages import SLOT_HEADER
 from tests.acceptance.controls_lab import DEADLINE, Lab, utcnow
 from tests.apps.harness import configure_broker_client
 from tests.fixtures.procs import wait_until

@@ -31,7 +31,7 @@ from psycopg.conninfo import make_conninfo
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 
-from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
 from tests.acceptance.beat_support import APP, prepare_schema
 from tests.acceptance.browser import acting_as, browser, click_through, free_port, screenshot
 from tests.acceptance.controls_lab import DEADLINE, PASSWORD, ROOT, Lab, serving, utcnow

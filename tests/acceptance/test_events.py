@@ -27,14 +27,14 @@ from celery.contrib.testing.worker import start_worker
 from celery.events.state import State
 
 from celery_pglock import PgLockTask, ops, signals
-from celery_pglock import task as task_module
+from celery_pglock import _task as task_module
+from celery_pglock._config import Settings
+from celery_pglock._keys import leader_lock_name, lock_key
+from celery_pglock._outage import OutageLog
+from celery_pglock._states import SKIPPED
 from celery_pglock.beat.leader import LeaderElection
-from celery_pglock.config import Settings
 from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.keys import leader_lock_name, lock_key
-from celery_pglock.outage import OutageLog
 from celery_pglock.schema import Tables
-from celery_pglock.states import SKIPPED
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import close_all
 from celery_pglock.store.statements import OnConnection

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from celery_pglock.slots import parse_slot
+from celery_pglock._slots import parse_slot
 from tests.acceptance.beat_support import APP, prepared_schema
 from tests.apps import testapp
 from tests.apps.harness import app_env

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_pglock.config import Settings
-from celery_pglock.locks import acquire
+from celery_pglock._config import Settings
+from celery_pglock._locks import acquire
 from tests.apps.harness import app_env
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (

@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from celery_pglock import SKIPPED, WAITING
-from celery_pglock.waiting import WAITED_HEADER
+from celery_pglock._waiting import WAITED_HEADER
 from tests.apps import testapp
 from tests.apps.harness import (
     DEADLINE,

@@ -22,8 +22,10 @@ import pytest
 from celery import signals as celery_signals
 from celery.result import AsyncResult
 
-from celery_pglock import SKIPPED, config, task
-from celery_pglock.slots import format_slot
+from celery_pglock import SKIPPED
+from celery_pglock import _config as config
+from celery_pglock import _task as task
+from celery_pglock._slots import format_slot
 from celery_pglock.store.database import close_all
 from tests.apps import testapp
 from tests.apps.harness import (

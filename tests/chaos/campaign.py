@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from celery_pglock.keys import default_lock_name, lock_key
+from celery_pglock._keys import default_lock_name, lock_key
 from celery_pglock.store.database import DEFAULT_POOL_SIZE
 from tests.apps import testapp
 from tests.chaos import chaosapp, felt, invariants, liveness

@@ -46,8 +46,8 @@ from celery import signals
 from psycopg import sql
 
 from celery_pglock import LockLost, PgLockTask, StaleToken, fence
-from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
-from celery_pglock.waiting import WAITED_HEADER
+from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock._waiting import WAITED_HEADER
 from tests.apps import testapp
 from tests.apps.testapp import app
 

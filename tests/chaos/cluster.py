@@ -19,7 +19,7 @@ Processes (``tests.faults.workload.Workload`` of ``tests.chaos.chaosapp``):
   PostgreSQL, ``wp`` through the proxy, and ``wtx`` through PgBouncer's transaction
   pooling on a queue of its own (the transaction-scope entry ``tx``); ``w2``, straight to
   PostgreSQL, runs its tasks as threads (``-P threads -c 3``): their session-scope locks
-  share one session of the process (``celery_pglock.shared``).
+  share one session of the process (``celery_pglock._shared``).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from celery_pglock.keys import lock_key, split_key
+from celery_pglock._keys import lock_key, split_key
 from celery_pglock.schema import Tables
 from celery_pglock.store.migrations import ensure_schema
 from celery_pglock.testing.embedded import EmbeddedPostgres

@@ -18,8 +18,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from celery_pglock import ops
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
 from celery_pglock.schema import Tables
 from celery_pglock.store.memory import InMemoryStatements
 from celery_pglock.store.statements import OnConnection, Statements

@@ -18,18 +18,18 @@ import psycopg
 import pytest
 
 from celery_pglock import ops
-from celery_pglock.config import Settings
-from celery_pglock.heartbeat import unwatch
-from celery_pglock.keys import lock_keys, slot_lock, split_key
-from celery_pglock.locks import acquire
-from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock._config import Settings
+from celery_pglock._heartbeat import unwatch
+from celery_pglock._keys import lock_keys, slot_lock, split_key
+from celery_pglock._locks import acquire
+from celery_pglock._protocol import Claim, Lease, Skip
+from celery_pglock._values import Scope
 from celery_pglock.schema import Tables
 from celery_pglock.store import database as db_module
 from celery_pglock.store.database import Database
 from celery_pglock.store.memory import InMemoryStatements
 from celery_pglock.store.memory_sessions import InMemoryServer, InMemorySession, in_memory_database
 from celery_pglock.store.statements import OnConnection, Statements
-from celery_pglock.values import Scope
 from tests.fixtures.procs import wait_until
 
 SLOT = "2026-12-07T10:00:00Z"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_pglock import controls
+from celery_pglock import _controls as controls
 from celery_pglock.errors import ConfigurationError, UnknownEntry
 from celery_pglock.steering import actions, replay
 from celery_pglock.steering.actions import NothingToDo

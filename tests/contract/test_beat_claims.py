@@ -9,7 +9,7 @@ import dataclasses
 
 from celery import Celery
 
-from celery_pglock import controls
+from celery_pglock import _controls as controls
 from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.planner import Due
 from celery_pglock.beat.settings import BeatSettings

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_pglock import controls
-from celery_pglock.controls import Target
+from celery_pglock import _controls as controls
+from celery_pglock._controls import Target
 from tests.contract.conftest import Store
 
 NS = "contract"

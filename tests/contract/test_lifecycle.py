@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from celery_pglock import waiting
+from celery_pglock import _waiting as waiting
+from celery_pglock._messages import SLOT_HEADER
+from celery_pglock._runs import settle_failure, settle_success
+from celery_pglock._waiting import WAITED_HEADER, Message
 from celery_pglock.errors import LockLost
-from celery_pglock.messages import SLOT_HEADER
-from celery_pglock.runs import settle_failure, settle_success
-from celery_pglock.waiting import WAITED_HEADER, Message
 from tests.contract.lives import LATER, LEASE, SLOT, Lifecycle, granted, pick, skipped
 
 

@@ -1,5 +1,5 @@
 """A worker process whose tasks run as threads keeps its session-scope locks on one
-shared session (``celery_pglock.shared`` on ``store.shared_sessions``), on the in-memory
+shared session (``celery_pglock._shared`` on ``store.shared_sessions``), on the in-memory
 server and on PostgreSQL alike: one session holds every run's lock, the process keeps two
 runs of one lock apart itself, a done slot frees only what its try took, and a session
 that ends loses every lock on it and none of the next run's."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from celery_pglock._runs import settle_success
 from celery_pglock.errors import LockLost
-from celery_pglock.runs import settle_success
 from tests.contract.lives import LATER, SLOT, Lifecycle, granted, skipped
 
 NEXT = "2026-12-07T10:02:00Z"

@@ -18,10 +18,10 @@ import pytest
 from psycopg import sql
 
 from celery_pglock import StaleToken, fence
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.schema import Tables
 from celery_pglock.store.database import Database, close_all
 from tests.failover.conftest import Cluster

@@ -17,12 +17,12 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_pglock import PgLockTask
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.cli.command import pglock
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
 from celery_pglock.store.database import Database, close_all, database
 
 pytestmark = pytest.mark.faults

@@ -20,10 +20,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.errors import ServerFull
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
 from tests.acceptance.test_connection_budget import ledger, retried, start_worker
 from tests.apps import poolapp
 from tests.apps.harness import configure_client, redis_app_env

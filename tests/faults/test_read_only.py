@@ -14,10 +14,10 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from celery_pglock import DatabaseUnavailable
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.store.database import Database, close_all
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps.harness import app_env

@@ -22,12 +22,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from celery_pglock.config import Settings
-from celery_pglock.dsn import check_dsn
+from celery_pglock._config import Settings
+from celery_pglock._dsn import check_dsn
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.errors import PgLockError
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
 from celery_pglock.store.connections import connect
 from celery_pglock.store.database import Database
 from celery_pglock.testing.embedded import EmbeddedPostgres

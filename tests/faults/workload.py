@@ -38,7 +38,7 @@ from celery.result import AsyncResult
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from celery_pglock.keys import lock_key, split_key
+from celery_pglock._keys import lock_key, split_key
 from tests.apps import testapp
 from tests.apps.harness import app_env, configure_client, redis_result_backend
 from tests.fixtures.measurements import MEASUREMENTS

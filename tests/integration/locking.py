@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key, split_key
-from celery_pglock.locks import acquire
-from celery_pglock.protocol import Claim, Lease, Skip
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key, split_key
+from celery_pglock._locks import acquire
+from celery_pglock._protocol import Claim, Lease, Skip
 from celery_pglock.store.database import Database
 from tests.fixtures.procs import wait_until
 

@@ -22,12 +22,14 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 from psycopg import sql
 
-from celery_pglock import PgLockTask, controls, waiting
+from celery_pglock import PgLockTask
+from celery_pglock import _controls as controls
+from celery_pglock import _waiting as waiting
+from celery_pglock._config import Settings
+from celery_pglock._ledger import FAILED, SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.cli.command import pglock
 from celery_pglock.cli.console import cli as console_cli
-from celery_pglock.config import Settings
-from celery_pglock.ledger import FAILED, SUCCEEDED
-from celery_pglock.locks import acquire, release
 from celery_pglock.schema import latest_version
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database

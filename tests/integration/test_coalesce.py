@@ -13,13 +13,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from celery_pglock.config import Settings
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
-from celery_pglock.slots import format_slot
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
+from celery_pglock._slots import format_slot
+from celery_pglock._values import Scope
 from celery_pglock.store.database import Database
-from celery_pglock.values import Scope
 from tests.integration.locking import (
     Conn,
     claim,

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key, lock_keys, slot_lock
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key, lock_keys, slot_lock
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
+from celery_pglock._values import Scope
 from celery_pglock.store.database import Database
-from celery_pglock.values import Scope
 from tests.integration.locking import Conn, claim, granted, open_database, skipped, the_run
 
 pytestmark = pytest.mark.integration

@@ -60,11 +60,11 @@ urlpatterns = [path("admin/", admin.site.urls)]
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.store.database import close_all, database
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim
 
 db = database(Settings(dsn=dsn, schema=schema))
 name = f"{schema}:billing.nightly"

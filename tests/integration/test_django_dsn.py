@@ -32,7 +32,7 @@ django.setup()
 
 from celery import Celery
 from celery_pglock import PgLockTask
-from celery_pglock.config import app_settings
+from celery_pglock._config import app_settings
 
 app = Celery("dj", set_as_current=False)
 app.conf.update(broker_url="memory://", result_backend="cache+memory://",

@@ -15,9 +15,9 @@ from celery import signals as celery_signals
 from celery.result import AsyncResult
 
 from celery_pglock import SKIPPED, PgLockTask
-from celery_pglock.config import Settings
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.store.database import Database, close_all
 from tests.integration.locking import Conn, claim, granted, open_database, skip_rows, terminate
 

@@ -22,8 +22,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_pglock import SKIPPED, PgLockMixin
+from celery_pglock._config import app_settings
 from celery_pglock.beat import PgLockScheduler, PgLockSchedulerMixin
-from celery_pglock.config import app_settings
 from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import wait_until
 

@@ -10,9 +10,9 @@ import pytest
 from celery import Celery, current_app
 
 from celery_pglock import PgLockError, StaleToken, fence
-from celery_pglock.config import Settings
-from celery_pglock.ledger import FAILED, SUCCEEDED
-from celery_pglock.locks import acquire, release
+from celery_pglock._config import Settings
+from celery_pglock._ledger import FAILED, SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.schema import Tables
 from celery_pglock.store.database import Database
 from tests.fixtures.procs import wait_until

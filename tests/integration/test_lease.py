@@ -15,12 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._heartbeat import heartbeat
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease, Released
 from celery_pglock.errors import LockLost
-from celery_pglock.heartbeat import heartbeat
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Lease, Released
 from celery_pglock.store.database import Database
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
@@ -48,13 +48,13 @@ SLOT = "2026-11-29T18:05:00Z"
 HOLDER = textwrap.dedent(
     """
     import os, time
-    from celery_pglock.config import Settings
+    from celery_pglock._config import Settings
     from celery_pglock.store.database import database
     from celery_pglock.errors import LockLost
-    from celery_pglock.keys import lock_key
-    from celery_pglock.protocol import Claim
-    from celery_pglock.locks import acquire, release
-    from celery_pglock.protocol import Lease
+    from celery_pglock._keys import lock_key
+    from celery_pglock._protocol import Claim
+    from celery_pglock._locks import acquire, release
+    from celery_pglock._protocol import Lease
 
     db = database(Settings(dsn=os.environ["DSN"], schema=os.environ["SCHEMA"]))
     name, slot = os.environ["LOCK"], os.environ["SLOT"]

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from celery_pglock.config import Settings
-from celery_pglock.keys import lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED, record_outcome, sweep_orphans
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Lease, Released
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._ledger import FAILED, SUCCEEDED, record_outcome, sweep_orphans
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease, Released
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database
 from celery_pglock.store.statements import OnConnection

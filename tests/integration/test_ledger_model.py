@@ -33,13 +33,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._heartbeat import heartbeat
+from celery_pglock._keys import lock_key, split_key
+from celery_pglock._ledger import ABANDONED, FAILED, SUCCEEDED, record_outcome, sweep_orphans
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease, Released
 from celery_pglock.errors import LockLost
-from celery_pglock.heartbeat import heartbeat
-from celery_pglock.keys import lock_key, split_key
-from celery_pglock.ledger import ABANDONED, FAILED, SUCCEEDED, record_outcome, sweep_orphans
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Lease, Released
 from celery_pglock.store.database import Database
 from celery_pglock.store.statements import OnConnection
 from tests.fixtures.pg import fresh_schema

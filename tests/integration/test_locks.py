@@ -10,16 +10,17 @@ from typing import Any
 
 import pytest
 
-from celery_pglock import keys, signals
-from celery_pglock.config import Settings
+from celery_pglock import _keys as keys
+from celery_pglock import signals
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease, Released, Skip
+from celery_pglock._runs import give_back_failed
+from celery_pglock._values import Scope
 from celery_pglock.errors import LockLost
-from celery_pglock.keys import lock_key
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Lease, Released, Skip
-from celery_pglock.runs import give_back_failed
 from celery_pglock.store.database import Database
-from celery_pglock.values import Scope
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,
@@ -37,7 +38,7 @@ from tests.integration.locking import (
 pytestmark = pytest.mark.integration
 
 SLOT = "2026-11-29T18:05:00Z"
-# Published vectors of celery_pglock.keys (tests/unit/test_keys.py): other tools rely on them.
+# Published vectors of celery_pglock._keys (tests/unit/test_keys.py): other tools rely on them.
 VECTORS = [
     ("proj:tasks.cleanup", 8934421795825505009),
     ("a", -3848465438864589366),
@@ -53,10 +54,10 @@ def db(pg_dsn: str, pglock_schema: str) -> Iterator[Database]:
 
 
 def documented_key_sql() -> str:
-    """The SQL formula from the ``celery_pglock.keys`` docstring, as a bound query."""
+    """The SQL formula from the ``celery_pglock._keys`` docstring, as a bound query."""
     doc = keys.__doc__ or ""
     found = re.search(r"^\s*(SELECT .*);\s*$", doc, re.MULTILINE)
-    assert found, "celery_pglock.keys documents no SQL formula"
+    assert found, "celery_pglock._keys documents no SQL formula"
     return found.group(1).replace(":name", "%(name)s")
 
 

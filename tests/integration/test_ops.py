@@ -1,7 +1,7 @@
 """Operator reads and maintenance (``celery_pglock.ops``, ``retention``) on a real PostgreSQL.
 
 Locks are held by real processes (``start_holder``: a Python subprocess that takes a lock
-with ``celery_pglock.locks.acquire`` and blocks, printing ``LOST`` when it learns it lost
+with ``celery_pglock._locks.acquire`` and blocks, printing ``LOST`` when it learns it lost
 it). Lock names are database-wide, so every test names its locks after its own schema.
 """
 
@@ -20,13 +20,13 @@ import pytest
 from celery import Celery
 
 from celery_pglock import ops, retention
+from celery_pglock._config import Settings
+from celery_pglock._keys import leader_lock_name, lock_key
+from celery_pglock._ledger import FAILED, SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.beat.leader import LeaderElection
-from celery_pglock.config import Settings
 from celery_pglock.errors import ConfigurationError, SchemaMissing
-from celery_pglock.keys import leader_lock_name, lock_key
-from celery_pglock.ledger import FAILED, SUCCEEDED
-from celery_pglock.locks import acquire, release
 from celery_pglock.schema import Tables
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database, close_all
@@ -41,12 +41,12 @@ SLOT = "2026-11-29T03:00:00Z"
 HOLDER_CODE = """
 import os, sys, threading
 from celery_pglock import signals
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.store.database import database
-from celery_pglock.keys import lock_key
-from celery_pglock.protocol import Claim
-from celery_pglock.locks import acquire
-from celery_pglock.protocol import Lease
+from celery_pglock._keys import lock_key
+from celery_pglock._protocol import Claim
+from celery_pglock._locks import acquire
+from celery_pglock._protocol import Lease
 
 dsn, schema, name, scope, slot, task_id, lease = sys.argv[1:8]
 lost = threading.Event()

@@ -9,12 +9,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_key
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._runs import give_back_failed
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
-from celery_pglock.keys import lock_key
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.runs import give_back_failed
 from celery_pglock.store import database as db_module
 from celery_pglock.store.database import Database
 from tests.fixtures.procs import Procs, wait_until
@@ -133,11 +133,11 @@ def test_dead_pooled_connection_is_replaced_on_acquire(
 FORK_CHILD = textwrap.dedent(
     """
     import os, sys, time
-    from celery_pglock.config import Settings
+    from celery_pglock._config import Settings
     from celery_pglock.store.database import database
-    from celery_pglock.keys import lock_key
-    from celery_pglock.protocol import Claim
-    from celery_pglock.locks import acquire
+    from celery_pglock._keys import lock_key
+    from celery_pglock._protocol import Claim
+    from celery_pglock._locks import acquire
 
     settings = Settings(dsn=os.environ["DSN"], schema=os.environ["SCHEMA"])
     parent = database(settings)

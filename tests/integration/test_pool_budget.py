@@ -11,10 +11,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.errors import ServerFull
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
 from celery_pglock.schema import statement
 from tests.fixtures.pg import fresh_schema, started_embedded
 from tests.fixtures.procs import wait_until

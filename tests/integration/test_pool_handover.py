@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import pytest
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
 from celery_pglock.store.database import Database, close_all, database, pool_size, size_for_worker
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from celery_pglock import advisory_lock
-from celery_pglock.ledger import FAILED, SUCCEEDED
+from celery_pglock._ledger import FAILED, SUCCEEDED
 from celery_pglock.store.database import close_all
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn

@@ -9,11 +9,11 @@ import pytest
 from psycopg import sql
 
 from celery_pglock import migration_sql
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._fencing import fence
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
 from celery_pglock.errors import SchemaMissing
-from celery_pglock.fencing import fence
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
 from celery_pglock.schema import TABLES, migrations
 from celery_pglock.store.database import Database, database
 from tests.fixtures.pg import drop_schema
@@ -26,7 +26,7 @@ RACERS = 6
 RACER = """
 import os, time
 from pathlib import Path
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.store.database import database
 
 go = Path(os.environ["GO"])

@@ -1,5 +1,5 @@
 """Session-scope locks of a process whose tasks run as threads share one server session
-(``celery_pglock.shared``): a handful of connections however many runs hold locks, two
+(``celery_pglock._shared``): a handful of connections however many runs hold locks, two
 runs of one lock name in the process never overlap, a session that ends loses all of its
 locks and none of the rest, and a body never sees the shared session."""
 
@@ -14,13 +14,13 @@ import psycopg
 import pytest
 
 from celery_pglock import ops
+from celery_pglock._config import Settings
+from celery_pglock._keys import lock_keys
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease
 from celery_pglock.cli import output
-from celery_pglock.config import Settings
 from celery_pglock.errors import LockLost, ReadOnlyServer, WaitEnded
-from celery_pglock.keys import lock_keys
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease
 from celery_pglock.store import database as db_module
 from celery_pglock.store.database import Database
 from celery_pglock.store.statements import OnConnection

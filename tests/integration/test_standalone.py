@@ -32,12 +32,12 @@ from celery_pglock import (
     fence,
     run_once,
 )
-from celery_pglock.config import Settings
-from celery_pglock.ledger import FAILED, SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Lease
+from celery_pglock._config import Settings
+from celery_pglock._ledger import FAILED, SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease
+from celery_pglock._standalone import LockHandle
 from celery_pglock.schema import Tables
-from celery_pglock.standalone import LockHandle
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import close_all
 from tests.fixtures.procs import Proc, Procs, wait_until
@@ -66,7 +66,7 @@ import os, sys, time
 from pathlib import Path
 from celery_pglock import run_once
 from celery_pglock.store.database import database
-from celery_pglock.standalone import LockOptions
+from celery_pglock._standalone import LockOptions
 dsn, schema, name, slot, out, go = sys.argv[1:7]
 database(LockOptions(dsn=dsn, schema=schema).settings())
 
@@ -89,7 +89,7 @@ import sys, time
 from pathlib import Path
 from celery_pglock import advisory_lock
 from celery_pglock.store.database import database
-from celery_pglock.standalone import LockOptions
+from celery_pglock._standalone import LockOptions
 dsn, schema, name, scope, out, go = sys.argv[1:7]
 database(LockOptions(dsn=dsn, schema=schema).settings())
 print("READY", flush=True)

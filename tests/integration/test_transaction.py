@@ -16,10 +16,10 @@ from celery import Celery, Task
 from psycopg import sql
 
 from celery_pglock import LockLost, PgLockTask, signals
-from celery_pglock.config import app_settings
-from celery_pglock.keys import lock_key
-from celery_pglock.locks import acquire
-from celery_pglock.protocol import Lease, Skip
+from celery_pglock._config import app_settings
+from celery_pglock._keys import lock_key
+from celery_pglock._locks import acquire
+from celery_pglock._protocol import Lease, Skip
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database, close_all, database
 from tests.fixtures.procs import wait_until

@@ -16,11 +16,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_pglock import locks
-from celery_pglock.config import Settings
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Released
+from celery_pglock import _locks as locks
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Released
 from celery_pglock.store import unwaited
 from celery_pglock.store.database import Database
 from tests.fixtures.procs import wait_until

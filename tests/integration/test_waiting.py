@@ -13,13 +13,13 @@ from celery import Celery
 from celery.exceptions import Ignore
 from psycopg.rows import dict_row
 
-from celery_pglock import SKIPPED, turns
-from celery_pglock.config import Settings
-from celery_pglock.ledger import SUCCEEDED
-from celery_pglock.locks import acquire, release
-from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.store.database import Database
-from celery_pglock.waiting import (
+from celery_pglock import SKIPPED
+from celery_pglock import _turns as turns
+from celery_pglock._config import Settings
+from celery_pglock._ledger import SUCCEEDED
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Claim, Lease, Skip
+from celery_pglock._waiting import (
     ABANDON_PARAMS,
     MAX_SENDS,
     Message,
@@ -28,6 +28,7 @@ from celery_pglock.waiting import (
     forget,
     take_turn,
 )
+from celery_pglock.store.database import Database
 from tests.integration.locking import Conn, claim, open_database, skip_rows, the_run
 
 pytestmark = pytest.mark.integration

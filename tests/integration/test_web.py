@@ -14,7 +14,7 @@ from psycopg import sql
 from werkzeug.test import Client
 
 from celery_pglock import ops
-from celery_pglock.config import app_settings
+from celery_pglock._config import app_settings
 from celery_pglock.web import Dashboard, make_app
 from celery_pglock.web.security import Identity
 

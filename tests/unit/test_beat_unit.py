@@ -24,13 +24,13 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import crontab, schedule
 
 from celery_pglock import PgLockTask
+from celery_pglock._names import lock_name
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.beat import planner as planner_module
 from celery_pglock.beat import scheduler as scheduler_module
 from celery_pglock.beat.claims import BeatClaims
 from celery_pglock.beat.scheduler import EntryWithHeaders
 from celery_pglock.errors import DatabaseUnavailable, SessionGone
-from celery_pglock.names import lock_name
 
 UTC = timezone.utc
 START = datetime(2026, 3, 29, 0, 58, 0, 400000, UTC)  # an hour before Berlin springs forward

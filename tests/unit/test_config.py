@@ -10,8 +10,8 @@ import pytest
 from celery import Celery
 
 import celery_pglock
-from celery_pglock.config import Settings, TaskOptions, resolve_dsn
-from celery_pglock.dsn import redact
+from celery_pglock._config import Settings, TaskOptions, resolve_dsn
+from celery_pglock._dsn import redact
 from celery_pglock.errors import ConfigurationError
 
 
@@ -122,7 +122,7 @@ def test_lease_zero_turns_the_lease_off() -> None:
 
 
 def test_settings_are_read_in_one_place() -> None:
-    """Only ``celery_pglock.config`` reads ``pglock_*`` settings from a configuration:
+    """Only ``celery_pglock._config`` reads ``pglock_*`` settings from a configuration:
     every other module asks it (``setting``, ``tables_of``, ``namespace_of``, ...), so that
     one setting never means two things (``fence()`` once read ``pglock_table_prefix = ""``
     as ``pglock_``)."""
@@ -133,7 +133,7 @@ def test_settings_are_read_in_one_place() -> None:
     found = [
         f"{path.relative_to(package)}:{number}"
         for path in sorted(package.rglob("*.py"))
-        if path.name != "config.py"
+        if path.name != "_config.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if reading.search(line)
     ]

@@ -6,8 +6,8 @@ import psycopg
 import pytest
 
 from celery_pglock import ConfigurationError
-from celery_pglock.config import Settings
-from celery_pglock.django_db import conninfo
+from celery_pglock._config import Settings
+from celery_pglock._django_db import conninfo
 
 POSTGRES = {
     "ENGINE": "django.db.backends.postgresql",

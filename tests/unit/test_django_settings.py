@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from celery_pglock.config import APP_DEFAULTS
+from celery_pglock._config import APP_DEFAULTS
 from celery_pglock.contrib.django import DASHBOARD_APP_SETTING as SETTING
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseMisconfigured,
@@ -139,7 +139,7 @@ MAY_CATCH_DRIVER_ERRORS = {
     "store/failures.py": "the translation itself",
     "store/connections.py": "closing and cancelling a session that may be gone already",
     "store/pool.py": "it reads the replies of idle connections, and drops broken ones",
-    "dsn.py": "parsing a DSN, before any server is involved",
+    "_dsn.py": "parsing a DSN, before any server is involved",
     "demo/server.py": "the demo's embedded server, not the library",
 }
 

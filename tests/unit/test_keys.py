@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_pglock.keys import check_lock_name, check_slot, default_lock_name, lock_key, split_key
+from celery_pglock._keys import check_lock_name, check_slot, default_lock_name, lock_key, split_key
 
 # Published test vectors: other tools (SQL, Go, shell) must compute the same numbers.
 VECTORS = [

@@ -13,12 +13,12 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
 
+from celery_pglock._config import TaskOptions
+from celery_pglock._messages import coalesces
+from celery_pglock._policy import overlap
+from celery_pglock._slots import is_time_slot, slots_since
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.config import TaskOptions
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.messages import coalesces
-from celery_pglock.policy import overlap
-from celery_pglock.slots import is_time_slot, slots_since
 from tests.unit.test_beat_unit import Clock, SimulatedScheduler, Store, clock, make_app
 
 __all__ = ["clock"]  # the fake-clock fixture, shared with test_beat_unit

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, ServerFull
 from celery_pglock.store.failures import translate
 from celery_pglock.store.pool import Pool

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.store.database import DEFAULT_POOL_SIZE, pool_size, size_for_worker
 
@@ -60,7 +60,7 @@ def test_invalid_size_names_the_setting(value: Any) -> None:
 FORKED = textwrap.dedent(
     """
     import os
-    from celery_pglock.config import Settings
+    from celery_pglock._config import Settings
     from celery_pglock.store.database import pool_size, size_for_worker
 
     settings = Settings(dsn="postgresql://u@127.0.0.1/db")

@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from celery_pglock.preview import upcoming
+from celery_pglock._preview import upcoming
 
 APP = Celery("preview", set_as_current=False)
 APP.conf.timezone = "Europe/Berlin"

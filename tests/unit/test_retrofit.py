@@ -10,7 +10,7 @@ import pytest
 from celery import Celery, Task
 
 from celery_pglock import ConfigurationError, PgLockMixin
-from celery_pglock.retrofit import locked_class, retrofit
+from celery_pglock._retrofit import locked_class, retrofit
 
 
 def make_app(**conf: Any) -> Celery:

@@ -1,5 +1,5 @@
 """Only a duplicate is skipped: what each kind of message locks, by how its task was locked
-(``celery_pglock.policy``; no database: the claims a message would make)."""
+(``celery_pglock._policy``; no database: the claims a message would make)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from celery import Celery
 
 from celery_pglock import ConfigurationError, PgLockTask
-from celery_pglock.config import TaskOptions
-from celery_pglock.keys import lock_key, slot_key
-from celery_pglock.policy import claim, describe, locks, overlap
-from celery_pglock.protocol import Claim
+from celery_pglock._config import TaskOptions
+from celery_pglock._keys import lock_key, slot_key
+from celery_pglock._policy import claim, describe, locks, overlap
+from celery_pglock._protocol import Claim
 
 SLOT = "2026-12-01T06:00:00Z"
 

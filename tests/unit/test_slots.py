@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from celery_pglock.slots import (
+from celery_pglock._slots import (
     MAX_WAIT,
     crontab_slot,
     due_state,

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._startup import PING_EVERY, StartupWait, delay_after
 from celery_pglock.errors import DatabaseMisconfigured, DatabaseUnavailable
-from celery_pglock.startup import PING_EVERY, StartupWait, delay_after
 from celery_pglock.store.ping import servers
 
 logger = logging.getLogger("tests.startup")

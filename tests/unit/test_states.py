@@ -13,8 +13,8 @@ from celery.backends.cache import CacheBackend
 from celery.result import AsyncResult
 
 import celery_pglock
-from celery_pglock.protocol import Skip
-from celery_pglock.states import SKIP_REASONS, SKIPPED, register_ready_state
+from celery_pglock._protocol import Skip
+from celery_pglock._states import SKIP_REASONS, SKIPPED, register_ready_state
 
 META = {
     "reason": "locked",

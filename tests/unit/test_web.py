@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from celery.schedules import crontab, schedule
 
-from celery_pglock.config import web_credentials
+from celery_pglock._config import web_credentials
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering.history import MISSED, NO_RECORD, describe, strip
 from celery_pglock.web import svg

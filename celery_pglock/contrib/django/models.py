@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
-from celery_pglock.config import tables_of
+from celery_pglock._config import tables_of
 
 
 def celery_settings() -> dict[str, Any]:

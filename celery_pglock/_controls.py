@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery_pglock.keys import lock_key
+from celery_pglock._keys import lock_key
 from celery_pglock.ops import Row, jsonable, locks, require_tables
 from celery_pglock.schema import Tables
 from celery_pglock.store.statements import Statements

@@ -20,12 +20,13 @@ from celery import signals as celery_signals
 from celery.exceptions import WorkerLostError
 from celery.worker import state as worker_state
 
-from celery_pglock import policy
-from celery_pglock.config import Settings, app_settings
+from celery_pglock import _policy as policy
+from celery_pglock._config import Settings, app_settings
+from celery_pglock._ledger import record_worker_lost
+from celery_pglock._messages import BUILTIN_PREFIX
+from celery_pglock._startup import refuse_to_start, wait_for_postgres
+from celery_pglock._task import PgLockMixin, locking
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.ledger import record_worker_lost
-from celery_pglock.messages import BUILTIN_PREFIX
-from celery_pglock.startup import refuse_to_start, wait_for_postgres
 from celery_pglock.store.connections import FIX_SCOPE, pooler_message
 from celery_pglock.store.database import (
     check_server,
@@ -35,7 +36,6 @@ from celery_pglock.store.database import (
     size_for_worker,
     waits_block_greenlets,
 )
-from celery_pglock.task import PgLockMixin, locking
 
 logger = logging.getLogger("celery_pglock")
 

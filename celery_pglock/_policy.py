@@ -26,12 +26,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery_pglock.config import TaskOptions
-from celery_pglock.keys import lock_key, lock_keys, slot_key
-from celery_pglock.messages import coalesces
-from celery_pglock.names import lock_name
-from celery_pglock.protocol import Claim
-from celery_pglock.values import Overlap
+from celery_pglock._config import TaskOptions
+from celery_pglock._keys import lock_key, lock_keys, slot_key
+from celery_pglock._messages import coalesces
+from celery_pglock._names import lock_name
+from celery_pglock._protocol import Claim
+from celery_pglock._values import Overlap
 
 
 def overlap(options: TaskOptions, entry: str | None) -> Overlap:

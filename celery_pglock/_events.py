@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery_pglock.states import SKIPPED
+from celery_pglock._states import SKIPPED
 
 logger = logging.getLogger("celery_pglock")
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.store.ping import answering
 

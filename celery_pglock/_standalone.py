@@ -2,7 +2,7 @@
 
 A cron script, a Django management command or any program run by several hosts takes
 the same lock, ledger row and fencing token a ``PgLockTask`` would: the lock key comes
-from ``celery_pglock.keys``, the claim and the release are ``locks.acquire``/``release``,
+from ``celery_pglock._keys``, the claim and the release are ``locks.acquire``/``release``,
 a skip is the ledger's ``Skip`` (reason ``locked`` or ``done``, and who holds the lock or
 ran the slot). So a task and a script that use one lock name exclude each other.
 
@@ -24,7 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar, overload
 
-from celery_pglock.config import Settings, resolve_dsn
+from celery_pglock._config import Settings, resolve_dsn
+from celery_pglock._keys import check_lock_name, check_slot, lock_key
+from celery_pglock._locks import acquire, lease_ms
+from celery_pglock._protocol import Claim, Lease, Skip
+from celery_pglock._runs import settle_failure, settle_success
+from celery_pglock._values import SCOPES, Scope
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseError,
@@ -33,15 +38,10 @@ from celery_pglock.errors import (
     SessionGone,
     WaitEnded,
 )
-from celery_pglock.keys import check_lock_name, check_slot, lock_key
-from celery_pglock.locks import acquire, lease_ms
-from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.runs import settle_failure, settle_success
 from celery_pglock.schema import Tables
 from celery_pglock.store.database import Database, database
 from celery_pglock.store.driver import Connection
 from celery_pglock.store.lock_sessions import LockSession
-from celery_pglock.values import SCOPES, Scope
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_pglock.config import tables_of
+from celery_pglock._config import tables_of
 from celery_pglock.errors import StaleToken
 from celery_pglock.schema import Tables
 from celery_pglock.store.driver import first_row_of

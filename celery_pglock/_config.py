@@ -10,12 +10,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery_pglock import keys, values
-from celery_pglock.django_db import django_dsn
-from celery_pglock.dsn import check_dsn, redact
+from celery_pglock import _keys as keys
+from celery_pglock import _values as values
+from celery_pglock._django_db import django_dsn
+from celery_pglock._dsn import check_dsn, redact
+from celery_pglock._values import Coalesce, OnDbError, Overlap, Scope
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.schema import Tables
-from celery_pglock.values import Coalesce, OnDbError, Overlap, Scope
 
 #: Every ``pglock_*`` name understood as an ``app.conf`` setting, with its default.
 APP_DEFAULTS: Mapping[str, Any] = {
@@ -141,7 +142,7 @@ class Settings:
     connect_timeout: float = 5.0
     idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept
     spare_connections: int = 5  # server slots a process's lock connections never take
-    shared_sessions: bool = True  # see celery_pglock.shared
+    shared_sessions: bool = True  # see celery_pglock._shared
     retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
     max_retries: int | None = None  # failed attempts before giving up; None: never
 

@@ -35,10 +35,10 @@ import weakref
 from datetime import datetime, timezone
 from typing import Any
 
+from celery_pglock._heartbeat import watch
+from celery_pglock._ledger import holder_application_name, record_skip
+from celery_pglock._protocol import Claim, Lease, Skip, verdict
 from celery_pglock.errors import DatabaseError
-from celery_pglock.heartbeat import watch
-from celery_pglock.ledger import holder_application_name, record_skip
-from celery_pglock.protocol import Claim, Lease, Skip, verdict
 from celery_pglock.store.connections import HOSTNAME
 from celery_pglock.store.database import Database
 from celery_pglock.store.lock_sessions import Row

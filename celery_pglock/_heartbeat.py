@@ -12,8 +12,8 @@ import os
 import threading
 import time
 
+from celery_pglock._protocol import Lease, judge_failure
 from celery_pglock.errors import DatabaseError
-from celery_pglock.protocol import Lease, judge_failure
 from celery_pglock.store.database import serving_tasks
 
 MIN_PING_INTERVAL = 0.2

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_pglock import signals
+from celery_pglock._messages import headers_of
 from celery_pglock.errors import DatabaseError
-from celery_pglock.messages import headers_of
 from celery_pglock.store.database import Database
 
 logger = logging.getLogger("celery_pglock")

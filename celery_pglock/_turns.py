@@ -16,13 +16,13 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore
 
-from celery_pglock import waiting
-from celery_pglock.config import TaskOptions
+from celery_pglock import _waiting as waiting
+from celery_pglock._config import TaskOptions
+from celery_pglock._messages import headers_of
+from celery_pglock._protocol import Claim, Lease, Skip
+from celery_pglock._runs import settle_failure
+from celery_pglock._states import SKIPPED, WAITING
 from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.messages import headers_of
-from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.runs import settle_failure
-from celery_pglock.states import SKIPPED, WAITING
 from celery_pglock.store.database import Database
 
 logger = logging.getLogger("celery_pglock")

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_pglock.config import TaskOptions
+from celery_pglock._config import TaskOptions
+from celery_pglock._keys import check_lock_name, default_lock_name, entry_lock_name
+from celery_pglock._messages import call_option
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.keys import check_lock_name, default_lock_name, entry_lock_name
-from celery_pglock.messages import call_option
 
 
 def lock_name(

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 
+from celery_pglock._heartbeat import unwatch
+from celery_pglock._ledger import FAILED, SUCCEEDED, record_failure_after_rollback
+from celery_pglock._locks import release
+from celery_pglock._protocol import Lease
 from celery_pglock.errors import LockLost, SessionGone
-from celery_pglock.heartbeat import unwatch
-from celery_pglock.ledger import FAILED, SUCCEEDED, record_failure_after_rollback
-from celery_pglock.locks import release
-from celery_pglock.protocol import Lease
 from celery_pglock.store.database import Database
 
 logger = logging.getLogger("celery_pglock")

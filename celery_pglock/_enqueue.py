@@ -17,19 +17,20 @@ from celery.backends.base import DisabledBackend
 from celery.result import EagerResult
 from celery.utils import uuid
 
-from celery_pglock import policy, signals
-from celery_pglock.config import Settings
-from celery_pglock.errors import ConfigurationError, DatabaseError
-from celery_pglock.ledger import enqueued_skip
-from celery_pglock.messages import (
+from celery_pglock import _policy as policy
+from celery_pglock import signals
+from celery_pglock._config import Settings
+from celery_pglock._ledger import enqueued_skip
+from celery_pglock._messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
     SLOT_HEADER,
     as_headers,
     message_slot,
 )
-from celery_pglock.protocol import Claim, Skip
-from celery_pglock.states import SKIPPED
+from celery_pglock._protocol import Claim, Skip
+from celery_pglock._states import SKIPPED
+from celery_pglock.errors import ConfigurationError, DatabaseError
 from celery_pglock.store.database import database
 
 logger = logging.getLogger("celery_pglock")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery_pglock.config import TaskOptions
+from celery_pglock._config import TaskOptions
+from celery_pglock._keys import check_slot
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.keys import check_slot
 
 SLOT_HEADER = "pglock_slot"
 ENTRY_HEADER = "pglock_entry"

@@ -20,7 +20,7 @@ from typing import Any
 
 from celery.schedules import BaseSchedule, crontab
 
-from celery_pglock import slots
+from celery_pglock import _slots as slots
 
 MAX_PREVIEW = 1000  # slots per entry
 

@@ -19,10 +19,9 @@ import logging
 import os
 from typing import Any
 
-from celery_pglock import shared
-from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
-from celery_pglock.heartbeat import unwatch, watch
-from celery_pglock.ledger import (
+from celery_pglock import _shared as shared
+from celery_pglock._heartbeat import unwatch, watch
+from celery_pglock._ledger import (
     SUCCEEDED,
     holder_application_name,
     record_failure_after_rollback,
@@ -30,11 +29,12 @@ from celery_pglock.ledger import (
     record_skip,
     short_reason,
 )
-from celery_pglock.protocol import Claim, Lease, Released, Skip, verdict
+from celery_pglock._protocol import Claim, Lease, Released, Skip, verdict
+from celery_pglock._values import Scope
+from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
 from celery_pglock.store.connections import application_name
 from celery_pglock.store.database import Database
 from celery_pglock.store.lock_sessions import LockSession, Row
-from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
 

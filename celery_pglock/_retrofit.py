@@ -23,9 +23,9 @@ from celery import _state as celery_state
 from celery import signals as celery_signals
 from celery.app.registry import TaskRegistry
 
-from celery_pglock.config import APP_WIDE_MARK, TASK_OPTIONS, enabled_setting
-from celery_pglock.messages import BUILTIN_PREFIX, SLOT_HEADER, checked_slot, headers_of
-from celery_pglock.task import STARTUP_STEP, PgLockMixin
+from celery_pglock._config import APP_WIDE_MARK, TASK_OPTIONS, enabled_setting
+from celery_pglock._messages import BUILTIN_PREFIX, SLOT_HEADER, checked_slot, headers_of
+from celery_pglock._task import STARTUP_STEP, PgLockMixin
 
 logger = logging.getLogger("celery_pglock")
 

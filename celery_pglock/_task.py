@@ -17,18 +17,16 @@ import celery
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from celery_pglock import policy, rogue, runs, signals, turns
-from celery_pglock.config import TaskOptions, app_settings, enabled_setting, locked_app_wide
-from celery_pglock.enqueue import SkippedResult, checks_enqueue, skipped_before_publish
-from celery_pglock.errors import (
-    DatabaseError,
-    DatabaseUnavailable,
-    TaskSkipped,
-    WaitEnded,
-)
-from celery_pglock.events import send_skipped
-from celery_pglock.locks import acquire
-from celery_pglock.messages import (
+from celery_pglock import _policy as policy
+from celery_pglock import _rogue as rogue
+from celery_pglock import _runs as runs
+from celery_pglock import _turns as turns
+from celery_pglock import signals
+from celery_pglock._config import TaskOptions, app_settings, enabled_setting, locked_app_wide
+from celery_pglock._enqueue import SkippedResult, checks_enqueue, skipped_before_publish
+from celery_pglock._events import send_skipped
+from celery_pglock._locks import acquire
+from celery_pglock._messages import (
     BUILTIN_PREFIX,
     ENTRY_HEADER,
     MANUAL_HEADER,
@@ -38,16 +36,22 @@ from celery_pglock.messages import (
     headers_of,
     message_slot,
 )
-from celery_pglock.outage import OutageLog
-from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.states import SKIPPED
+from celery_pglock._outage import OutageLog
+from celery_pglock._protocol import Claim, Lease, Skip
+from celery_pglock._states import SKIPPED
+from celery_pglock.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    TaskSkipped,
+    WaitEnded,
+)
 from celery_pglock.store.database import Database, database, serving_tasks
 
 logger = logging.getLogger("celery_pglock")
 
 MAX_DB_RETRY_COUNTDOWN = 60.0
-# The worker's start-up step (``celery_pglock.worker``), named: Celery loads steps by name.
-STARTUP_STEP = "celery_pglock.worker:StartupCheck"
+# The worker's start-up step (``celery_pglock._worker``), named: Celery loads steps by name.
+STARTUP_STEP = "celery_pglock._worker:StartupCheck"
 CELERY_KEEPS_REQUEST = celery.VERSION[:2] >= (5, 5)  # Task.push_request copies the request
 
 _outage = OutageLog(logger, "pglock_db_back")  # per process: one ERROR line per outage

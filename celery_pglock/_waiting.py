@@ -25,14 +25,14 @@ from typing import Any
 
 from kombu import serialization
 
-from celery_pglock.keys import waiting_lock
-from celery_pglock.ledger import RunQuery
-from celery_pglock.locks import acquire, release
-from celery_pglock.messages import ENTRY_HEADER, SLOT_HEADER
-from celery_pglock.protocol import Claim, Lease, Skip
-from celery_pglock.slots import SLOT_PATTERN
+from celery_pglock._keys import waiting_lock
+from celery_pglock._ledger import RunQuery
+from celery_pglock._locks import acquire, release
+from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
+from celery_pglock._protocol import Claim, Lease, Skip
+from celery_pglock._slots import SLOT_PATTERN
+from celery_pglock._values import Scope
 from celery_pglock.store.database import Database
-from celery_pglock.values import Scope
 
 logger = logging.getLogger("celery_pglock")
 

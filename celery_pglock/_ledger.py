@@ -14,9 +14,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from celery_pglock.config import Settings
+from celery_pglock._config import Settings
+from celery_pglock._protocol import Claim, Skip
 from celery_pglock.errors import DatabaseUnavailable, WaitEnded
-from celery_pglock.protocol import Claim, Skip
 from celery_pglock.store.database import Database
 from celery_pglock.store.lock_sessions import LockSession
 from celery_pglock.store.statements import opened
