@@ -283,7 +283,7 @@ def handover_section(run: Run) -> tuple[list[str], list[Any]]:
 def enqueue(run: Run) -> tuple[list[str], list[Any]]:
     """``benchmarks.enqueue_check``: what the publish-time look-up costs a caller."""
     from benchmarks import enqueue_check  # noqa: PLC0415
-    from celery_pglock.store.database import close_all  # noqa: PLC0415
+    from celery_pglock.store._database import close_all  # noqa: PLC0415
 
     load = common.LoadWindow()
     rounds, size = (3, 50) if run.args.quick else (10, 200)

@@ -25,7 +25,7 @@ import redis
 from psycopg import sql
 
 from celery_pglock.schema import Tables
-from celery_pglock.store.migrations import ensure_schema
+from celery_pglock.store._migrations import ensure_schema
 
 T = TypeVar("T")
 

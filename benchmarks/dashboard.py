@@ -25,7 +25,7 @@ from werkzeug.test import Client
 from benchmarks import common
 from celery_pglock import PgLockTask
 from celery_pglock.schema import Tables
-from celery_pglock.steering.history import PER_PAGE
+from celery_pglock.steering._history import PER_PAGE
 from celery_pglock.web import make_app
 
 TITLE = "13. Dashboard: 1,000 entries, 10,000,000 ledger rows"

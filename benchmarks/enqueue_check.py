@@ -36,7 +36,7 @@ from celery_pglock._keys import lock_key
 from celery_pglock._ledger import SUCCEEDED, enqueued_skip
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
-from celery_pglock.store.database import Database, close_all, database
+from celery_pglock.store._database import Database, close_all, database
 
 DONE_SLOT = "2026-01-01T00:00:00Z"
 LOCK = f"{common.KEY_PREFIX}:job"

@@ -32,7 +32,7 @@ import psycopg
 from benchmarks import common
 from celery_pglock import advisory_lock, lock_key
 from celery_pglock._keys import split_key
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
 
 CASES = ("released", "killed")
 TRIALS = 20

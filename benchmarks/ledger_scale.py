@@ -32,7 +32,7 @@ from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
 from celery_pglock.retention import prune
 from celery_pglock.schema import Tables
-from celery_pglock.store.database import Database, close_all, database
+from celery_pglock.store._database import Database, close_all, database
 
 LOCK_NAMES = 200
 CHUNK = 1_000_000

@@ -51,9 +51,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from benchmarks import common
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
+from celery_pglock.testing._replication import StreamingReplica
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from celery_pglock.testing.replication import StreamingReplica
 from tests.apps import testapp
 from tests.faults.workload import READY_TIMEOUT, Sent, Workload
 from tests.fixtures.procs import Procs

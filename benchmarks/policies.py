@@ -43,7 +43,7 @@ from celery_pglock._keys import lock_key, lock_keys
 from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
-from celery_pglock.store.database import Database, close_all
+from celery_pglock.store._database import Database, close_all
 from tests.apps import testapp
 from tests.apps.harness import Gate, configure_client, executions, redis_app_env, start_workers
 from tests.fixtures.procs import Procs

@@ -207,7 +207,7 @@ NOTES = [
     "- *One connection per process.* psycopg_pool hands out idle connections first in,",
     "  first out; a process that had opened two alternated between two server processes,",
     "  15% slower per run. A process now reuses the connection it gave back last",
-    "  (`celery_pglock/store/pool.py`, which has since replaced psycopg_pool).",
+    "  (`celery_pglock/store/_pool.py`, which has since replaced psycopg_pool).",
 ]
 
 

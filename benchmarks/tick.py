@@ -26,7 +26,7 @@ from celery import Celery
 
 from benchmarks import common
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
 
 SIZES = (1_000, 10_000)
 EVERY = 10.0  # seconds: every entry falls due on the same boundary

@@ -29,9 +29,9 @@ from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire_params, lease_ms, release_params
 from celery_pglock._protocol import Claim, Lease
-from celery_pglock.store import unwaited
-from celery_pglock.store.connections import HOSTNAME, application_name
-from celery_pglock.store.lock_sessions import DriverSession
+from celery_pglock.store import _unwaited as unwaited
+from celery_pglock.store._connections import HOSTNAME, application_name
+from celery_pglock.store._lock_sessions import DriverSession
 
 ENV = os.environ
 DSN = ENV.get("PGLOCK_DSN", "")

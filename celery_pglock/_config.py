@@ -25,7 +25,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_schema": "public",
     "pglock_table_prefix": "pglock_",
     "pglock_auto_migrate": True,
-    "pglock_pool_size": None,  # "auto": see celery_pglock.store.database.pool_size
+    "pglock_pool_size": None,  # "auto": see celery_pglock.store._database.pool_size
     "pglock_connect_timeout": 5.0,
     # Idle connections of a process are closed after this many seconds (0: kept).
     "pglock_idle_timeout": 30.0,
@@ -137,7 +137,7 @@ class Settings:
     table_prefix: str = "pglock_"
     auto_migrate: bool = True
     pool_size: int | None = (
-        None  # None: "auto", resolved per process by celery_pglock.store.database
+        None  # None: "auto", resolved per process by celery_pglock.store._database
     )
     connect_timeout: float = 5.0
     idle_timeout: float | None = 30.0  # None (pglock_idle_timeout = 0): idle ones are kept

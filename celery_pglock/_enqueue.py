@@ -31,7 +31,7 @@ from celery_pglock._messages import (
 from celery_pglock._protocol import Claim, Skip
 from celery_pglock._states import SKIPPED
 from celery_pglock.errors import ConfigurationError, DatabaseError
-from celery_pglock.store.database import database
+from celery_pglock.store._database import database
 
 logger = logging.getLogger("celery_pglock")
 

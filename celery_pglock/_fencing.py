@@ -13,7 +13,7 @@ from typing import Any
 from celery_pglock._config import tables_of
 from celery_pglock.errors import StaleToken
 from celery_pglock.schema import Tables
-from celery_pglock.store.driver import first_row_of
+from celery_pglock.store._driver import first_row_of
 
 
 def fence(conn: Any, resource: str, token: int, *, tables: Tables | None = None) -> None:

@@ -14,7 +14,7 @@ import time
 
 from celery_pglock._protocol import Lease, judge_failure
 from celery_pglock.errors import DatabaseError
-from celery_pglock.store.database import serving_tasks
+from celery_pglock.store._database import serving_tasks
 
 MIN_PING_INTERVAL = 0.2
 # An idle heartbeat thread still wakes this often (seconds), so that registering a lease

@@ -17,8 +17,8 @@ from typing import Any
 from celery_pglock._config import Settings
 from celery_pglock._protocol import Claim, Skip
 from celery_pglock.errors import DatabaseUnavailable, WaitEnded
-from celery_pglock.store.database import Database
-from celery_pglock.store.lock_sessions import LockSession
+from celery_pglock.store._database import Database
+from celery_pglock.store._lock_sessions import LockSession
 from celery_pglock.store.statements import opened
 
 logger = logging.getLogger("celery_pglock")

@@ -32,9 +32,9 @@ from celery_pglock._ledger import (
 from celery_pglock._protocol import Claim, Lease, Released, Skip, verdict
 from celery_pglock._values import Scope
 from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
-from celery_pglock.store.connections import application_name
-from celery_pglock.store.database import Database
-from celery_pglock.store.lock_sessions import LockSession, Row
+from celery_pglock.store._connections import application_name
+from celery_pglock.store._database import Database
+from celery_pglock.store._lock_sessions import LockSession, Row
 
 logger = logging.getLogger("celery_pglock")
 

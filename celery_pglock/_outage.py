@@ -1,5 +1,5 @@
 """One ERROR line per outage, not one per task that noticed it (what an outage is, as
-against a misconfiguration, ``celery_pglock.store.failures`` decides).
+against a misconfiguration, ``celery_pglock.store._failures`` decides).
 
 During an outage every locked task fails its acquire and is retried; logging each at
 ERROR buries the one line an operator needs. ``OutageLog`` hands out ERROR for the first

@@ -20,10 +20,10 @@ from celery_pglock._keys import slot_lock, split_key
 from celery_pglock._slots import SLOT_PATTERN, is_time_slot
 from celery_pglock._values import Scope
 from celery_pglock.errors import DatabaseError, LockLost, PgLockError, SessionGone
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.driver import Connection
-from celery_pglock.store.lock_sessions import LockSession
-from celery_pglock.store.shared_sessions import SharedSession
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._driver import Connection
+from celery_pglock.store._lock_sessions import LockSession
+from celery_pglock.store._shared_sessions import SharedSession
 
 logger = logging.getLogger("celery_pglock")
 

@@ -24,7 +24,7 @@ from typing import Any
 from celery_pglock import signals
 from celery_pglock._messages import headers_of
 from celery_pglock.errors import DatabaseError
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 
 logger = logging.getLogger("celery_pglock")
 

@@ -23,7 +23,7 @@ from celery_pglock._ledger import FAILED, SUCCEEDED, record_failure_after_rollba
 from celery_pglock._locks import release
 from celery_pglock._protocol import Lease
 from celery_pglock.errors import LockLost, SessionGone
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 
 logger = logging.getLogger("celery_pglock")
 

@@ -23,7 +23,7 @@ running task. A worker with ``-P gevent -c 300`` then needs a handful of connect
 
 Runs that wait for their lock (``advisory_lock(wait=True)``) and transaction scope keep
 one connection per run. The session itself (its connection, ending it, telling its
-holders) is the store's: ``celery_pglock.store.shared_sessions``.
+holders) is the store's: ``celery_pglock.store._shared_sessions``.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from celery_pglock._heartbeat import watch
 from celery_pglock._ledger import holder_application_name, record_skip
 from celery_pglock._protocol import Claim, Lease, Skip, verdict
 from celery_pglock.errors import DatabaseError
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import Database
-from celery_pglock.store.lock_sessions import Row
-from celery_pglock.store.shared_sessions import SharedSession, SlotLock
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import Database
+from celery_pglock.store._lock_sessions import Row
+from celery_pglock.store._shared_sessions import SharedSession, SlotLock
 
 
 @dataclasses.dataclass(frozen=True)

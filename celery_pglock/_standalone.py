@@ -39,9 +39,9 @@ from celery_pglock.errors import (
     WaitEnded,
 )
 from celery_pglock.schema import Tables
-from celery_pglock.store.database import Database, database
-from celery_pglock.store.driver import Connection
-from celery_pglock.store.lock_sessions import LockSession
+from celery_pglock.store._database import Database, database
+from celery_pglock.store._driver import Connection
+from celery_pglock.store._lock_sessions import LockSession
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11

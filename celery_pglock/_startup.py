@@ -25,7 +25,7 @@ from typing import NoReturn, TypeVar
 
 from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
-from celery_pglock.store.ping import answering
+from celery_pglock.store._ping import answering
 
 T = TypeVar("T")
 

@@ -45,7 +45,7 @@ from celery_pglock.errors import (
     TaskSkipped,
     WaitEnded,
 )
-from celery_pglock.store.database import Database, database, serving_tasks
+from celery_pglock.store._database import Database, database, serving_tasks
 
 logger = logging.getLogger("celery_pglock")
 

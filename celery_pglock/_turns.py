@@ -23,7 +23,7 @@ from celery_pglock._protocol import Claim, Lease, Skip
 from celery_pglock._runs import settle_failure
 from celery_pglock._states import SKIPPED, WAITING
 from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 
 logger = logging.getLogger("celery_pglock")
 

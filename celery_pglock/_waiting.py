@@ -32,7 +32,7 @@ from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock._protocol import Claim, Lease, Skip
 from celery_pglock._slots import SLOT_PATTERN
 from celery_pglock._values import Scope
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 
 logger = logging.getLogger("celery_pglock")
 

@@ -27,8 +27,8 @@ from celery_pglock._messages import BUILTIN_PREFIX
 from celery_pglock._startup import refuse_to_start, wait_for_postgres
 from celery_pglock._task import PgLockMixin, locking
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.store.connections import FIX_SCOPE, pooler_message
-from celery_pglock.store.database import (
+from celery_pglock.store._connections import FIX_SCOPE, pooler_message
+from celery_pglock.store._database import (
     check_server,
     close_all,
     database,

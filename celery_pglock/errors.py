@@ -29,7 +29,7 @@ class UnknownEntry(ConfigurationError):
 
 class DatabaseError(PgLockError):
     """A driver error, translated where the library meets the driver
-    (``celery_pglock.store.failures``): its kind is its class, its message says what to do, and
+    (``celery_pglock.store._failures``): its kind is its class, its message says what to do, and
     the password is never in it. ``sqlstate``: the server's code, when it sent one;
     ``cause``: the driver's class and first line (``AdminShutdown: terminating …``)."""
 

@@ -12,6 +12,6 @@ confirm after), with ``settings`` read once at start-up.
 
 from __future__ import annotations
 
-from celery_pglock.beat.scheduler import PgLockScheduler, PgLockSchedulerMixin
+from celery_pglock.beat._scheduler import PgLockScheduler, PgLockSchedulerMixin
 
 __all__ = ["PgLockScheduler", "PgLockSchedulerMixin"]

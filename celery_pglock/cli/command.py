@@ -1,10 +1,10 @@
 """``celery -A proj pglock …``: the operator's commands.
 
 ``status``, ``runs``, ``migrate``, ``prune`` and ``release`` are here; ``pause``,
-``resume``, ``trigger`` and ``why`` in ``cli/controls.py``; ``schedule``, ``backfill`` and
-``rerun`` in ``cli/replay.py``. Registered on ``celery`` through the ``celery.commands``
+``resume``, ``trigger`` and ``why`` in ``cli/_controls.py``; ``schedule``, ``backfill`` and
+``rerun`` in ``cli/_replay.py``. Registered on ``celery`` through the ``celery.commands``
 entry point; the app comes from ``-A``. Every command prints an aligned table by default
-and JSON with ``--json``, and exits with a code that means something (``cli/common.py``).
+and JSON with ``--json``, and exits with a code that means something (``cli/_common.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from celery import Celery
 from celery_pglock import ops, retention
 from celery_pglock._config import app_settings, tables_of
 from celery_pglock._keys import lock_key
-from celery_pglock.cli import output
-from celery_pglock.cli.common import (
+from celery_pglock.cli import _output as output
+from celery_pglock.cli._common import (
     EXIT_NOT_FOUND,
     NotFound,
     Refused,
@@ -29,13 +29,14 @@ from celery_pglock.cli.common import (
     reported_errors,
     resolve_lock,
 )
-from celery_pglock.cli.controls import pause, resume, trigger, why
-from celery_pglock.cli.entries import BY_HELP
-from celery_pglock.cli.replay import backfill, rerun, schedule
-from celery_pglock.cli.web import web
+from celery_pglock.cli._controls import pause, resume, trigger, why
+from celery_pglock.cli._entries import BY_HELP
+from celery_pglock.cli._replay import backfill, rerun, schedule
+from celery_pglock.cli._web import web
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.steering import actions, reads
-from celery_pglock.steering.apps import namespace
+from celery_pglock.steering import _reads as reads
+from celery_pglock.steering import actions
+from celery_pglock.steering._apps import namespace
 from celery_pglock.store.statements import Statements
 
 # -- commands -----------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def run(  # click passes every parameter by keyword
     PGLOCK_LOCK, PGLOCK_SLOT and PGLOCK_TOKEN; SIGTERM, SIGINT and SIGHUP are forwarded.
     """
     from celery_pglock._standalone import LockOptions  # noqa: PLC0415
-    from celery_pglock.cli.run import EXIT_WRAPPER_FAILED, run_command  # noqa: PLC0415
+    from celery_pglock.cli._run import EXIT_WRAPPER_FAILED, run_command  # noqa: PLC0415
     from celery_pglock.errors import ConfigurationError  # noqa: PLC0415
 
     try:

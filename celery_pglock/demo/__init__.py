@@ -13,7 +13,7 @@ INSTALL_HINT = "pip install 'celery-pglock[demo]'"
 def main(argv: list[str] | None = None) -> int:
     """Run the demo with command-line arguments ``argv`` (default: ``sys.argv[1:]``)."""
     try:
-        from celery_pglock.demo.cli import main as run  # noqa: PLC0415
+        from celery_pglock.demo._cli import main as run  # noqa: PLC0415
     except ImportError as exc:
         print(f"celery-pglock demo needs {exc.name or exc}: {INSTALL_HINT}", file=sys.stderr)
         return 2

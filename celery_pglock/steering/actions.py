@@ -24,12 +24,12 @@ from typing import Any
 from celery_pglock import _controls as controls
 from celery_pglock import ops
 from celery_pglock._messages import checked_slot
-from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.beat._settings import BeatSettings
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.ops import Row
-from celery_pglock.steering import replay
-from celery_pglock.steering.apps import Schedule, lock_of, namespace
-from celery_pglock.steering.operator import Operator
+from celery_pglock.steering import _replay as replay
+from celery_pglock.steering._apps import Schedule, lock_of, namespace
+from celery_pglock.steering._operator import Operator
 
 BACKFILL_LIMIT = 100  # slots per backfill unless asked for more
 

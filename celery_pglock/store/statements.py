@@ -5,7 +5,7 @@ rows back as dicts, or one of the library's errors (``errors``), never the drive
 mapping among the parameters is sent as JSON (``jsonb``); a list stays an array.
 
 ``Statements`` is what the callers see; ``OnConnection`` runs it on one psycopg
-connection, and ``celery_pglock.store.memory`` is its in-memory twin for unit tests (the
+connection, and ``celery_pglock.store._memory`` is its in-memory twin for unit tests (the
 contract tests in ``tests/contract`` run on both, so the two cannot drift apart).
 """
 
@@ -20,10 +20,10 @@ from psycopg.types.json import Jsonb
 
 from celery_pglock._config import Settings
 from celery_pglock.schema import Tables
-from celery_pglock.store import migrations
-from celery_pglock.store.connections import connect
-from celery_pglock.store.driver import Connection
-from celery_pglock.store.failures import boundary
+from celery_pglock.store import _migrations as migrations
+from celery_pglock.store._connections import connect
+from celery_pglock.store._driver import Connection
+from celery_pglock.store._failures import boundary
 
 Row = dict[str, Any]
 Params = Mapping[str, Any]

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_pglock.testing.helpers import PgLockDatabase, fresh_database
+from celery_pglock.testing._helpers import PgLockDatabase, fresh_database
 
 DSN_VARIABLE = "PGLOCK_TEST_DSN"
 

@@ -2,7 +2,7 @@
 and steering, in the browser. ``celery -A proj pglock web`` serves it (waitress, loopback
 by default); ``make_app(app)`` is the WSGI application to mount anywhere,
 ``make_asgi_app(app)`` its ASGI twin, ``celery_pglock.contrib.django.urls`` the Django
-mount. Pages: ``web/app.py``; buttons: ``web/actions.py``; guards: ``web/security.py``.
+mount. Pages: ``web/_app.py``; buttons: ``web/_actions.py``; guards: ``web/security.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_pglock.web.app import Dashboard, Identify
+from celery_pglock.web._app import Dashboard, Identify
 from celery_pglock.web.security import Csrf
 
 LOOPBACK = "127.0.0.1"

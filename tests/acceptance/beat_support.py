@@ -38,7 +38,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from celery_pglock.schema import Tables
-from celery_pglock.store.migrations import ensure_schema
+from celery_pglock.store._migrations import ensure_schema
 from tests.apps import testapp
 from tests.apps.harness import app_env
 from tests.fixtures.pg import drop_schema

@@ -32,11 +32,11 @@ from celery_pglock._config import Settings
 from celery_pglock._keys import leader_lock_name, lock_key
 from celery_pglock._outage import OutageLog
 from celery_pglock._states import SKIPPED
-from celery_pglock.beat.leader import LeaderElection
+from celery_pglock.beat._leader import LeaderElection
 from celery_pglock.errors import DatabaseUnavailable
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import close_all
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import close_all
 from celery_pglock.store.statements import OnConnection
 from tests.apps import testapp
 from tests.apps.harness import app_env, configure_client

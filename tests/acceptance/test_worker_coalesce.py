@@ -26,7 +26,7 @@ from celery_pglock import SKIPPED
 from celery_pglock import _config as config
 from celery_pglock import _task as task
 from celery_pglock._slots import format_slot
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
 from tests.apps import testapp
 from tests.apps.harness import (
     configure_client,

@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from celery_pglock._keys import default_lock_name, lock_key
-from celery_pglock.store.database import DEFAULT_POOL_SIZE
+from celery_pglock.store._database import DEFAULT_POOL_SIZE
 from tests.apps import testapp
 from tests.chaos import chaosapp, felt, invariants, liveness
 from tests.chaos.cluster import BEATS, POOLER_USER, RECORD_KEY, Cluster, alive

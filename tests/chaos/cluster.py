@@ -2,7 +2,7 @@
 
 Everything runs on loopback ports of its own and is stopped by pid at the end: an embedded
 PostgreSQL (``celery_pglock.testing.embedded``) with a synchronous streaming replica
-(``celery_pglock.testing.replication``), a ``redis-server`` (broker, results, the record of
+(``celery_pglock.testing._replication``), a ``redis-server`` (broker, results, the record of
 published messages), a PgBouncer in transaction pooling when installed, and a TCP proxy.
 The machine's shared servers are never touched.
 
@@ -38,8 +38,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from celery_pglock.testing._replication import StreamingReplica
 from celery_pglock.testing.embedded import EmbeddedPostgres
-from celery_pglock.testing.replication import StreamingReplica
 from tests.chaos import chaosapp
 from tests.faults.pgbouncer import PgBouncer, PgBouncerUnavailable
 from tests.faults.workload import Workload, session_pid

@@ -63,7 +63,7 @@ from psycopg import sql
 
 from celery_pglock._keys import lock_key, split_key
 from celery_pglock.schema import Tables
-from celery_pglock.store.migrations import ensure_schema
+from celery_pglock.store._migrations import ensure_schema
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
 from tests.chaos import chaosapp

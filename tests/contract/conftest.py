@@ -21,7 +21,7 @@ from celery_pglock import ops
 from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key
 from celery_pglock.schema import Tables
-from celery_pglock.store.memory import InMemoryStatements
+from celery_pglock.store._memory import InMemoryStatements
 from celery_pglock.store.statements import OnConnection, Statements
 from tests.contract.lives import life, shared_life  # noqa: F401 - fixtures of the lifecycle tests
 

@@ -25,10 +25,10 @@ from celery_pglock._locks import acquire
 from celery_pglock._protocol import Claim, Lease, Skip
 from celery_pglock._values import Scope
 from celery_pglock.schema import Tables
-from celery_pglock.store import database as db_module
-from celery_pglock.store.database import Database
-from celery_pglock.store.memory import InMemoryStatements
-from celery_pglock.store.memory_sessions import InMemoryServer, InMemorySession, in_memory_database
+from celery_pglock.store import _database as db_module
+from celery_pglock.store._database import Database
+from celery_pglock.store._memory import InMemoryStatements
+from celery_pglock.store._memory_sessions import InMemoryServer, InMemorySession, in_memory_database
 from celery_pglock.store.statements import OnConnection, Statements
 from tests.fixtures.procs import wait_until
 

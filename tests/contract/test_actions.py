@@ -14,9 +14,10 @@ from celery import Celery
 
 from celery_pglock import _controls as controls
 from celery_pglock.errors import ConfigurationError, UnknownEntry
-from celery_pglock.steering import actions, replay
+from celery_pglock.steering import _replay as replay
+from celery_pglock.steering import actions
+from celery_pglock.steering._operator import Operator
 from celery_pglock.steering.actions import NothingToDo
-from celery_pglock.steering.operator import Operator
 from celery_pglock.store.statements import Statements
 from tests.contract.conftest import Store
 

@@ -10,9 +10,9 @@ import dataclasses
 from celery import Celery
 
 from celery_pglock import _controls as controls
-from celery_pglock.beat.claims import BeatClaims
-from celery_pglock.beat.planner import Due
-from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.beat._claims import BeatClaims
+from celery_pglock.beat._planner import Due
+from celery_pglock.beat._settings import BeatSettings
 from tests.contract.conftest import Store
 
 NS = "contract"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_pglock.testing._replication import StreamingReplica
 from celery_pglock.testing.embedded import EmbeddedPostgres, EmbeddedPostgresError, find_bin_dir
-from celery_pglock.testing.replication import StreamingReplica
 from tests.fixtures.proxy import ProxyFactory, TcpProxy
 from tests.fixtures.services import unavailable
 

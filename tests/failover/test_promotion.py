@@ -23,7 +23,7 @@ from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
 from celery_pglock.schema import Tables
-from celery_pglock.store.database import Database, close_all
+from celery_pglock.store._database import Database, close_all
 from tests.failover.conftest import Cluster
 from tests.faults.workload import MEASUREMENTS, Report, Workload
 from tests.fixtures.procs import Procs

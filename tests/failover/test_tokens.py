@@ -20,8 +20,8 @@ from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
-from celery_pglock.store.database import Database, close_all
-from celery_pglock.testing.replication import timeline
+from celery_pglock.store._database import Database, close_all
+from celery_pglock.testing._replication import timeline
 from tests.failover.conftest import Cluster
 
 pytestmark = pytest.mark.failover

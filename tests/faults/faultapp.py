@@ -25,7 +25,7 @@ from psycopg import sql
 
 from celery_pglock import PgLockTask, fence
 from celery_pglock._config import app_settings
-from celery_pglock.store.database import database
+from celery_pglock.store._database import database
 from tests.apps import testapp
 from tests.apps.testapp import app, finish, record
 

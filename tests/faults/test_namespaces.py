@@ -23,7 +23,7 @@ from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.cli.command import pglock
-from celery_pglock.store.database import Database, close_all, database
+from celery_pglock.store._database import Database, close_all, database
 
 pytestmark = pytest.mark.faults
 

@@ -26,7 +26,7 @@ from celery_pglock import PgLockTask
 from celery_pglock import _rogue as rogue
 from celery_pglock._config import app_settings
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.store.database import close_all, database
+from celery_pglock.store._database import close_all, database
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.procs import wait_until
 

@@ -18,7 +18,7 @@ from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
-from celery_pglock.store.database import Database, close_all
+from celery_pglock.store._database import Database, close_all
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps.harness import app_env
 from tests.fixtures.pg import started_embedded

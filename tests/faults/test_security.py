@@ -28,8 +28,8 @@ from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
 from celery_pglock.errors import PgLockError
-from celery_pglock.store.connections import connect
-from celery_pglock.store.database import Database
+from celery_pglock.store._connections import connect
+from celery_pglock.store._database import Database
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.faults.workload import MEASUREMENTS, Invariants, Run, Sent, Workload
 from tests.fixtures.procs import Procs, wait_until

@@ -20,7 +20,7 @@ from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key, split_key
 from celery_pglock._locks import acquire
 from celery_pglock._protocol import Claim, Lease, Skip
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.fixtures.procs import wait_until
 
 Conn = psycopg.Connection[tuple[Any, ...]]

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.schema import Tables
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
 from tests.fixtures.procs import wait_until
 
 pytestmark = pytest.mark.integration

@@ -31,8 +31,8 @@ from celery_pglock._locks import acquire, release
 from celery_pglock.cli.command import pglock
 from celery_pglock.cli.console import cli as console_cli
 from celery_pglock.schema import latest_version
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import Database
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import Database
 from celery_pglock.store.statements import OnConnection
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.procs import Procs, wait_until

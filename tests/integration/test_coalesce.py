@@ -19,7 +19,7 @@ from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
 from celery_pglock._slots import format_slot
 from celery_pglock._values import Scope
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.integration.locking import (
     Conn,
     claim,

@@ -13,7 +13,7 @@ from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
 from celery_pglock._values import Scope
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.integration.locking import Conn, claim, granted, open_database, skipped, the_run
 
 pytestmark = pytest.mark.integration

@@ -20,10 +20,10 @@ from celery_pglock.errors import (
     SessionGone,
     StatementFailed,
 )
-from celery_pglock.store.connections import connect
-from celery_pglock.store.database import check_server
-from celery_pglock.store.failures import boundary
-from celery_pglock.store.ping import answering
+from celery_pglock.store._connections import connect
+from celery_pglock.store._database import check_server
+from celery_pglock.store._failures import boundary
+from celery_pglock.store._ping import answering
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.fixtures.pg import ROLE_PASSWORD, require_password, started_embedded
 

@@ -61,7 +61,7 @@ from django.core.management import call_command
 call_command("migrate", verbosity=0)
 
 from celery_pglock._config import Settings
-from celery_pglock.store.database import close_all, database
+from celery_pglock.store._database import close_all, database
 from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim

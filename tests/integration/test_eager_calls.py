@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 
 from celery_pglock import SKIPPED, ConfigurationError, PgLockTask
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
 
 pytestmark = pytest.mark.integration
 

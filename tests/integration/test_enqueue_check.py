@@ -18,7 +18,7 @@ from celery_pglock import SKIPPED, PgLockTask
 from celery_pglock._config import Settings
 from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
-from celery_pglock.store.database import Database, close_all
+from celery_pglock.store._database import Database, close_all
 from tests.integration.locking import Conn, claim, granted, open_database, skip_rows, terminate
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from celery_pglock._config import Settings
 from celery_pglock._ledger import FAILED, SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock.schema import Tables
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import Conn, claim, granted, open_database, terminate
 

@@ -21,7 +21,7 @@ from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Lease, Released
 from celery_pglock.errors import LockLost
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -49,7 +49,7 @@ HOLDER = textwrap.dedent(
     """
     import os, time
     from celery_pglock._config import Settings
-    from celery_pglock.store.database import database
+    from celery_pglock.store._database import database
     from celery_pglock.errors import LockLost
     from celery_pglock._keys import lock_key
     from celery_pglock._protocol import Claim

@@ -14,8 +14,8 @@ from celery_pglock._keys import lock_key
 from celery_pglock._ledger import FAILED, SUCCEEDED, record_outcome, sweep_orphans
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Lease, Released
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import Database
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import Database
 from celery_pglock.store.statements import OnConnection
 from tests.integration.locking import (
     Conn,

@@ -40,7 +40,7 @@ from celery_pglock._ledger import ABANDONED, FAILED, SUCCEEDED, record_outcome, 
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Lease, Released
 from celery_pglock.errors import LockLost
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from celery_pglock.store.statements import OnConnection
 from tests.fixtures.pg import fresh_schema
 from tests.fixtures.procs import wait_until

@@ -20,7 +20,7 @@ from celery_pglock._protocol import Lease, Released, Skip
 from celery_pglock._runs import give_back_failed
 from celery_pglock._values import Scope
 from celery_pglock.errors import LockLost
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

@@ -25,11 +25,11 @@ from celery_pglock._keys import leader_lock_name, lock_key
 from celery_pglock._ledger import FAILED, SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.beat.leader import LeaderElection
+from celery_pglock.beat._leader import LeaderElection
 from celery_pglock.errors import ConfigurationError, SchemaMissing
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import Database, close_all
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import Database, close_all
 from celery_pglock.store.statements import OnConnection
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database, skipped
@@ -42,7 +42,7 @@ HOLDER_CODE = """
 import os, sys, threading
 from celery_pglock import signals
 from celery_pglock._config import Settings
-from celery_pglock.store.database import database
+from celery_pglock.store._database import database
 from celery_pglock._keys import lock_key
 from celery_pglock._protocol import Claim
 from celery_pglock._locks import acquire

@@ -15,8 +15,8 @@ from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock._runs import give_back_failed
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
-from celery_pglock.store import database as db_module
-from celery_pglock.store.database import Database
+from celery_pglock.store import _database as db_module
+from celery_pglock.store._database import Database
 from tests.fixtures.procs import Procs, wait_until
 from tests.integration.locking import (
     Conn,
@@ -134,7 +134,7 @@ FORK_CHILD = textwrap.dedent(
     """
     import os, sys, time
     from celery_pglock._config import Settings
-    from celery_pglock.store.database import database
+    from celery_pglock.store._database import database
     from celery_pglock._keys import lock_key
     from celery_pglock._protocol import Claim
     from celery_pglock._locks import acquire

@@ -18,7 +18,7 @@ from celery_pglock._config import Settings
 from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock.errors import DatabaseUnavailable
-from celery_pglock.store.database import Database, close_all, database, pool_size, size_for_worker
+from celery_pglock.store._database import Database, close_all, database, pool_size, size_for_worker
 from tests.integration.locking import Conn, claim, granted, lock_holders, open_database
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 
 from celery_pglock import advisory_lock
 from celery_pglock._ledger import FAILED, SUCCEEDED
-from celery_pglock.store.database import close_all
+from celery_pglock.store._database import close_all
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn
 from tests.integration.test_standalone import PASSWORD, SLOT, start_holder, the_run

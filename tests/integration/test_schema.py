@@ -15,7 +15,7 @@ from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock.errors import SchemaMissing
 from celery_pglock.schema import TABLES, migrations
-from celery_pglock.store.database import Database, database
+from celery_pglock.store._database import Database, database
 from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import Procs
 from tests.integration.locking import Conn, claim, granted, open_database, the_run
@@ -27,7 +27,7 @@ RACER = """
 import os, time
 from pathlib import Path
 from celery_pglock._config import Settings
-from celery_pglock.store.database import database
+from celery_pglock.store._database import database
 
 go = Path(os.environ["GO"])
 print("READY", flush=True)

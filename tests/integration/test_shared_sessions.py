@@ -19,10 +19,10 @@ from celery_pglock._keys import lock_keys
 from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Claim, Lease
-from celery_pglock.cli import output
+from celery_pglock.cli import _output as output
 from celery_pglock.errors import LockLost, ReadOnlyServer, WaitEnded
-from celery_pglock.store import database as db_module
-from celery_pglock.store.database import Database
+from celery_pglock.store import _database as db_module
+from celery_pglock.store._database import Database
 from celery_pglock.store.statements import OnConnection
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (

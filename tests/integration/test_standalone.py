@@ -38,8 +38,8 @@ from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Lease
 from celery_pglock._standalone import LockHandle
 from celery_pglock.schema import Tables
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import close_all
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import close_all
 from tests.fixtures.procs import Proc, Procs, wait_until
 from tests.integration.locking import Conn, claim, lock_waiters, open_database, skipped
 
@@ -65,7 +65,7 @@ RUN_ONCE_RACER = """
 import os, sys, time
 from pathlib import Path
 from celery_pglock import run_once
-from celery_pglock.store.database import database
+from celery_pglock.store._database import database
 from celery_pglock._standalone import LockOptions
 dsn, schema, name, slot, out, go = sys.argv[1:7]
 database(LockOptions(dsn=dsn, schema=schema).settings())
@@ -88,7 +88,7 @@ WAITING_RACER = """
 import sys, time
 from pathlib import Path
 from celery_pglock import advisory_lock
-from celery_pglock.store.database import database
+from celery_pglock.store._database import database
 from celery_pglock._standalone import LockOptions
 dsn, schema, name, scope, out, go = sys.argv[1:7]
 database(LockOptions(dsn=dsn, schema=schema).settings())

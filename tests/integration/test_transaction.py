@@ -20,8 +20,8 @@ from celery_pglock._config import app_settings
 from celery_pglock._keys import lock_key
 from celery_pglock._locks import acquire
 from celery_pglock._protocol import Lease, Skip
-from celery_pglock.store.connections import HOSTNAME
-from celery_pglock.store.database import Database, close_all, database
+from celery_pglock.store._connections import HOSTNAME
+from celery_pglock.store._database import Database, close_all, database
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

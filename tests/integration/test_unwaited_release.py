@@ -21,8 +21,8 @@ from celery_pglock._config import Settings
 from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
 from celery_pglock._protocol import Released
-from celery_pglock.store import unwaited
-from celery_pglock.store.database import Database
+from celery_pglock.store import _unwaited as unwaited
+from celery_pglock.store._database import Database
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,

@@ -28,7 +28,7 @@ from celery_pglock._waiting import (
     forget,
     take_turn,
 )
-from celery_pglock.store.database import Database
+from celery_pglock.store._database import Database
 from tests.integration.locking import Conn, claim, open_database, skip_rows, the_run
 
 pytestmark = pytest.mark.integration

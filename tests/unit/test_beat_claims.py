@@ -19,10 +19,10 @@ import pytest
 from celery import Celery
 
 from celery_pglock._keys import lock_key
-from celery_pglock.beat.claims import RESEND_LIMIT, BeatClaims
-from celery_pglock.beat.planner import Due
-from celery_pglock.beat.sending import CONFIRM_BATCH, Confirmations, HeldStops, batched
-from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.beat._claims import RESEND_LIMIT, BeatClaims
+from celery_pglock.beat._planner import Due
+from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops, batched
+from celery_pglock.beat._settings import BeatSettings
 from celery_pglock.errors import DatabaseUnavailable
 
 SLOT_A, SLOT_B = "2026-11-29T18:05:00Z", "2026-11-29T18:05:10Z"

@@ -26,10 +26,10 @@ from celery.schedules import crontab, schedule
 from celery_pglock import PgLockTask
 from celery_pglock._names import lock_name
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.beat import planner as planner_module
-from celery_pglock.beat import scheduler as scheduler_module
-from celery_pglock.beat.claims import BeatClaims
-from celery_pglock.beat.scheduler import EntryWithHeaders
+from celery_pglock.beat import _planner as planner_module
+from celery_pglock.beat import _scheduler as scheduler_module
+from celery_pglock.beat._claims import BeatClaims
+from celery_pglock.beat._scheduler import EntryWithHeaders
 from celery_pglock.errors import DatabaseUnavailable, SessionGone
 
 UTC = timezone.utc

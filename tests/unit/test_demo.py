@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from celery_pglock.demo import cli, render, schedule, server
-from celery_pglock.demo.chaos import Event, redelivery_headers
-from celery_pglock.demo.facts import Execution, Facts, Send, Skip
-from celery_pglock.demo.report import full_report, max_parallel, task_stats
-from celery_pglock.demo.runner import RunRecord, RunSpec
-from celery_pglock.demo.transport import broker_url
+from celery_pglock.demo import _cli as cli
+from celery_pglock.demo import _render as render
+from celery_pglock.demo import _schedule as schedule
+from celery_pglock.demo import _server as server
+from celery_pglock.demo._chaos import Event, redelivery_headers
+from celery_pglock.demo._facts import Execution, Facts, Send, Skip
+from celery_pglock.demo._report import full_report, max_parallel, task_stats
+from celery_pglock.demo._runner import RunRecord, RunSpec
+from celery_pglock.demo._transport import broker_url
 from celery_pglock.testing.embedded import EmbeddedPostgresError
 
 EVERY_SECOND = schedule.TASKS_BY_NAME["demo.send_reminders"]  # every 1 s

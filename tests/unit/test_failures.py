@@ -1,4 +1,4 @@
-"""Where the library meets the driver (``celery_pglock.store.failures``): an outage (waiting
+"""Where the library meets the driver (``celery_pglock.store._failures``): an outage (waiting
 cures it) told from a misconfiguration (only a fix does) and a session that ended from a
 statement that failed, by the errors psycopg raises for each (real servers raising them:
 test_connect_errors.py); and no module above the connection layer catches the driver's."""
@@ -23,7 +23,7 @@ from celery_pglock.errors import (
     StatementFailed,
     WaitEnded,
 )
-from celery_pglock.store.failures import misconfiguration, translate
+from celery_pglock.store._failures import misconfiguration, translate
 
 FAILED = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
 PASSWORD = "Sup3rS3cret"  # noqa: S105 - fake; must never be printed
@@ -135,12 +135,12 @@ def test_an_error_on_a_session_says_whether_the_session_lives(
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_pglock"
 # The store (it translates) and code outside the library proper.
 MAY_CATCH_DRIVER_ERRORS = {
-    "store/database.py": "the pool: a connection failing its reset or first statement is dropped",
-    "store/failures.py": "the translation itself",
-    "store/connections.py": "closing and cancelling a session that may be gone already",
-    "store/pool.py": "it reads the replies of idle connections, and drops broken ones",
+    "store/_database.py": "the pool: a connection failing its reset or first statement is dropped",
+    "store/_failures.py": "the translation itself",
+    "store/_connections.py": "closing and cancelling a session that may be gone already",
+    "store/_pool.py": "it reads the replies of idle connections, and drops broken ones",
     "_dsn.py": "parsing a DSN, before any server is involved",
-    "demo/server.py": "the demo's embedded server, not the library",
+    "demo/_server.py": "the demo's embedded server, not the library",
 }
 
 

@@ -11,8 +11,8 @@ import pytest
 from celery import Celery
 
 from celery_pglock import ConfigurationError, signals
-from celery_pglock.beat.freshness import FreshnessWatch, evaluate
-from celery_pglock.beat.settings import BeatSettings
+from celery_pglock.beat._freshness import FreshnessWatch, evaluate
+from celery_pglock.beat._settings import BeatSettings
 
 NOW = datetime(2026, 12, 1, 3, 30, tzinfo=timezone.utc)
 DONE_AT = NOW - timedelta(hours=23)

@@ -155,3 +155,28 @@ def _sql_call(node: ast.AST) -> str | None:
     if isinstance(node.func, ast.Name) and node.func.id == "boundary":
         return "boundary"
     return None
+
+
+# The modules a project may import (docs/layout.md), and the entry points pyproject.toml names.
+PUBLIC = {
+    "errors", "signals", "schema", "ops", "retention", "metrics",
+    "beat", "web", "web.security", "steering", "steering.actions", "store", "store.statements",
+    "testing", "testing.embedded", "testing.plugin", "demo", "cli", "cli.command", "cli.console",
+}  # fmt: skip
+
+
+def test_a_module_the_docs_do_not_name_is_private() -> None:
+    """structlog's shape: the package's face is its ``__all__`` and the documented modules;
+    every other module has a leading underscore (Django's own modules in ``contrib`` keep
+    the names Django looks them up by)."""
+    found = []
+    for path in sorted((ROOT / "celery_pglock").rglob("*.py")):
+        parts = path.relative_to(ROOT / "celery_pglock").with_suffix("").parts
+        if parts[-1] in {"__init__", "__main__"}:
+            parts = parts[:-1]
+        dotted = ".".join(parts)
+        if not parts or parts[0] == "contrib" or any(p.startswith("_") for p in parts):
+            continue
+        if dotted not in PUBLIC:
+            found.append(dotted)
+    assert found == []

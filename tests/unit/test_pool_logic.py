@@ -11,9 +11,9 @@ import pytest
 
 from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, ServerFull
-from celery_pglock.store.failures import translate
-from celery_pglock.store.pool import Pool
-from celery_pglock.testing.processes import wait_until
+from celery_pglock.store._failures import translate
+from celery_pglock.store._pool import Pool
+from celery_pglock.testing._processes import wait_until
 
 DSN = "postgresql://u@127.0.0.1/db"
 

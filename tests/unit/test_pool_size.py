@@ -12,7 +12,7 @@ import pytest
 
 from celery_pglock._config import Settings
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.store.database import DEFAULT_POOL_SIZE, pool_size, size_for_worker
+from celery_pglock.store._database import DEFAULT_POOL_SIZE, pool_size, size_for_worker
 
 DSN = "postgresql://u@127.0.0.1/db"
 
@@ -61,7 +61,7 @@ FORKED = textwrap.dedent(
     """
     import os
     from celery_pglock._config import Settings
-    from celery_pglock.store.database import pool_size, size_for_worker
+    from celery_pglock.store._database import pool_size, size_for_worker
 
     settings = Settings(dsn="postgresql://u@127.0.0.1/db")
     print("parent", size_for_worker(settings, 8), flush=True)

@@ -10,7 +10,7 @@ import pytest
 from celery_pglock._config import Settings
 from celery_pglock._startup import PING_EVERY, StartupWait, delay_after
 from celery_pglock.errors import DatabaseMisconfigured, DatabaseUnavailable
-from celery_pglock.store.ping import servers
+from celery_pglock.store._ping import servers
 
 logger = logging.getLogger("tests.startup")
 DOWN = DatabaseUnavailable("cannot use PostgreSQL at 'db': Connection refused.")

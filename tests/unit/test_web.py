@@ -12,9 +12,9 @@ from celery.schedules import crontab, schedule
 
 from celery_pglock._config import web_credentials
 from celery_pglock.errors import ConfigurationError
-from celery_pglock.steering.history import MISSED, NO_RECORD, describe, strip
-from celery_pglock.web import svg
-from celery_pglock.web.app import _ago, _when
+from celery_pglock.steering._history import MISSED, NO_RECORD, describe, strip
+from celery_pglock.web import _svg as svg
+from celery_pglock.web._app import _ago, _when
 from celery_pglock.web.security import (
     ANONYMOUS,
     WRONG_CREDENTIALS,
