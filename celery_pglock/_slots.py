@@ -35,10 +35,11 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, cast
 from zoneinfo import ZoneInfo
 
-from celery.schedules import BaseSchedule, crontab, schedule, solar
+from celery.schedules import BaseSchedule, crontab, schedstate, schedule, solar
 
 __all__ = [
     "MAX_WAIT",
+    "Once",
     "crontab_slot",
     "due_state",
     "format_slot",
@@ -206,6 +207,23 @@ def due_state(
     return slot, wait
 
 
+class Once(BaseSchedule):
+    """One occurrence, at ``at`` (django-celery-beat's clocked schedule): its slot is that
+    time, so it is sent once whichever replica leads then."""
+
+    def __init__(self, at: datetime, app: Any = None) -> None:
+        super().__init__(app=app)
+        self.at = _aware(at).astimezone(timezone.utc)
+
+    def __repr__(self) -> str:
+        return f"<once at {format_slot(self.at)}>"
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        """Celery's question; beat's own answer comes from the slot (``due_state``)."""
+        remaining = (self.at - datetime.now(timezone.utc)).total_seconds()
+        return schedstate(False, max(remaining, 1.0))
+
+
 def _aware(dt: datetime) -> datetime:
     """Return ``dt`` if it carries a timezone; naive datetimes are ambiguous across hosts."""
     if dt.tzinfo is None or dt.utcoffset() is None:
@@ -215,6 +233,8 @@ def _aware(dt: datetime) -> datetime:
 
 def _bounds(sched: BaseSchedule, now: datetime, align_intervals: bool) -> _Bounds | None:
     """Return (latest occurrence <= now, first occurrence > now), None if unsupported."""
+    if isinstance(sched, Once):
+        return (sched.at, None) if sched.at <= now else (None, sched.at)
     if isinstance(sched, crontab):
         return _crontab_bounds(sched, now)
     if isinstance(sched, solar):

@@ -28,6 +28,8 @@ TABLES = (
     "beat_tasks",
     "rogue_sends",
     "waiting",
+    "entries",
+    "entry_versions",
     "schema_version",
 )
 # Indexes and constraints: the prefix and the name, unqualified (they live in their table's
@@ -44,6 +46,7 @@ TABLE_OBJECTS = (
     "runs_lock_created_idx",
     "skips_lock_at_idx",
     "audit_namespace_idx",
+    "entries_version_idx",
 )
 # Functions and statistics objects: schema-qualified and prefixed like the tables.
 FUNCTIONS = (
@@ -66,6 +69,7 @@ QUERY_FILES = (
     "schema_queries.sql",
     "connection_queries.sql",
     "web_queries.sql",
+    "entry_queries.sql",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 

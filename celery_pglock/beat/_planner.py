@@ -58,6 +58,11 @@ class SlotPlanner:
                 due.append(Due(entry, slot, name))
         return due
 
+    def changed(self, name: str) -> None:
+        """Entry ``name`` changed: look at it at the next tick (its new schedule may fall
+        due sooner), going on from the last slot sent, so that none is sent twice."""
+        self._wake_at.pop(name, None)
+
     def sent(self, due: Iterable[Due]) -> None:
         """These slots are dealt with (claimed here or by another replica)."""
         for item in due:

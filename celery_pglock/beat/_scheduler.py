@@ -39,6 +39,7 @@ from celery_pglock.beat._leader import LeaderElection
 from celery_pglock.beat._planner import Due, SlotPlanner
 from celery_pglock.beat._sending import Confirmations, HeldStops, batched
 from celery_pglock.beat._settings import ENTRY_OPTIONS, BeatSettings
+from celery_pglock.beat._stored import StoredEntries
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -110,6 +111,7 @@ class PgLockSchedulerMixin:
         self._ticking = False  # close() inside a tick (SIGTERM) waits for the tick to unwind
         self._close_pending = False
         self._lock_options: dict[str, TaskOptions] = {}  # per task beat cannot import
+        self._stored = StoredEntries(app, self.pglock_beat.namespace)
         super().__init__(*args, **kwargs)
         self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
         self._planner = SlotPlanner(self.pglock_beat, self.max_interval)
@@ -198,12 +200,15 @@ class PgLockSchedulerMixin:
             self._next_register = 0.0  # a new leader says at once what it sends
             if self.pglock_beat.leader_mode:  # whoever claimed them no longer leads
                 self._resend_unconfirmed(at_once=True)
-        due = self._planner.due(list(self.schedule.values()), now, self._lock_name)
+        for name in self._stored.refresh(self._run_query, set(self.schedule)):
+            self._planner.changed(name)
+        entries = self._entries()
+        due = self._planner.due(list(entries.values()), now, self._lock_name)
         if due:
             self._send(due)
         self._resend_unconfirmed()
         self._sweep_orphans()
-        self._freshness.maybe_check(self.schedule.values(), self._lock_name, now)
+        self._freshness.maybe_check(entries.values(), self._lock_name, now)
         self._register_tasks()
         self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
 
@@ -213,6 +218,20 @@ class PgLockSchedulerMixin:
             self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_beat.lease
         )
         self._election.start()
+
+    def _entries(self) -> dict[str, Any]:
+        """Every entry this replica sends: ``beat_schedule``'s (the code's win a name both
+        define) and those stored in PostgreSQL (``celery_pglock.schedules``)."""
+        code = self.schedule
+        return {**self._stored.sendable(set(code)), **code}
+
+    def _reserve(self, entry: Any) -> Any:
+        """Celery's ``reserve`` (the entry's next state), kept where the entry lives."""
+        stored = self._stored.entries
+        if entry.name not in stored or stored[entry.name] is not entry:
+            return self.reserve(entry)
+        stored[entry.name] = next(entry)
+        return stored[entry.name]
 
     def _lock_name(self, entry: Any) -> str:
         return entry_lock_name(self.app, entry, self._lock_options)
@@ -302,7 +321,7 @@ class PgLockSchedulerMixin:
         return self._election.verify()
 
     def _publish(self, item: Due) -> bool:
-        entry = self.reserve(item.entry)
+        entry = self._reserve(item.entry)
         headers = {SLOT_HEADER: item.slot, ENTRY_HEADER: entry.name}
         logger.info(
             "Scheduler: Sending due task %s (%s) slot %s",
@@ -353,7 +372,7 @@ class PgLockSchedulerMixin:
         if now < self._next_register:
             return
         self._next_register = now + REGISTER_EVERY
-        entries = [e for e in self.schedule.values() if not e.task.startswith("celery.")]
+        entries = [e for e in self._entries().values() if not e.task.startswith("celery.")]
         if entries:
             tasks, names = [e.task for e in entries], [e.name for e in entries]
             params = {"namespace": self.pglock_beat.namespace, "tasks": tasks, "entries": names}
@@ -379,7 +398,7 @@ class PgLockSchedulerMixin:
         our entries. Drawn inside the held stops, as ``_claimed``: a stop during the
         statement finishes re-sending what it took over."""
         taken += self.pglock_claims.unconfirmed(at_once=at_once)
-        entries = self.schedule
+        entries = self._entries()
         due = [Due(entries[e], s, self._lock_name(entries[e])) for e, s in taken if e in entries]
         if due:
             logger.warning(

@@ -44,6 +44,8 @@ WITHOUT_ROWS = (
     "beat_register_tasks",
     "stranded_waiting",
     "abandon_waiting",
+    "entry_version",  # no entry stored in PostgreSQL
+    "entry_changes",
 )
 
 

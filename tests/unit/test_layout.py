@@ -159,7 +159,7 @@ def _sql_call(node: ast.AST) -> str | None:
 
 # The modules a project may import (docs/layout.md), and the entry points pyproject.toml names.
 PUBLIC = {
-    "errors", "signals", "schema", "ops", "retention", "metrics",
+    "errors", "signals", "schema", "ops", "retention", "metrics", "schedules",
     "beat", "web", "web.security", "steering", "steering.actions", "store", "store.statements",
     "testing", "testing.embedded", "testing.plugin", "demo", "cli", "cli.command", "cli.console",
 }  # fmt: skip

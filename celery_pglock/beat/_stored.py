@@ -1,0 +1,98 @@
+"""The schedule entries stored in PostgreSQL (``celery_pglock.schedules``), as a beat
+replica holds them beside its own.
+
+Each tick the leader reads one number, the namespace's newest change; only when it moved
+does it read the entries changed since (added, edited, removed), so a tick costs no more
+with 100,000 entries than with ten. A replica that starts leading reads them all first.
+An entry's change takes effect at once: its next slot follows its new schedule, and a
+removed one sends nothing more. A name also in ``beat_schedule`` is the code's: the
+stored one is not sent, and a WARNING says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery.beat import ScheduleEntry
+
+from celery_pglock import _entry_store as entry_store
+from celery_pglock._entry_specs import PGLOCK_OPTIONS, celery_schedule
+from celery_pglock._entry_store import Entry
+from celery_pglock._ledger import RunQuery
+
+logger = logging.getLogger("celery_pglock.beat")
+
+
+@dataclass(frozen=True)
+class Window:
+    """When a stored entry may send, read by the planner as django-celery-beat's model."""
+
+    enabled: bool
+    start_time: datetime | None
+    expires: datetime | None
+
+
+class StoredEntry(ScheduleEntry):
+    """A Celery schedule entry stored in PostgreSQL; its ``model`` (kept by ``next``, as
+    every attribute) is its window."""
+
+    def __init__(self, *args: Any, model: Window | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model = model
+
+
+class StoredEntries:
+    """The stored entries of one namespace, by name, as Celery schedule entries."""
+
+    def __init__(self, app: Any, namespace: str) -> None:
+        self.app = app
+        self.namespace = namespace
+        self.version = 0  # the newest change read
+        self.entries: dict[str, Any] = {}
+        self._shadowed: set[str] = set()  # names the code defines too, said once
+
+    def refresh(self, run_query: RunQuery, code: set[str]) -> list[str]:
+        """Read what changed since the last call; the names changed (added, edited or
+        removed), for the planner to look at them afresh."""
+        version, changed = entry_store.changes(run_query, self.namespace, self.version)
+        for entry in changed:
+            if entry.removed:
+                self.entries.pop(entry.name, None)
+            else:
+                self.entries[entry.name] = self._celery_entry(entry)
+        self.version = version
+        self._warn_shadowed(code)
+        return [entry.name for entry in changed]
+
+    def sendable(self, code: set[str]) -> dict[str, Any]:
+        """The stored entries whose name the code does not define."""
+        return {name: entry for name, entry in self.entries.items() if name not in code}
+
+    def _celery_entry(self, entry: Entry) -> Any:
+        options = dict(entry.options)
+        options |= {PGLOCK_OPTIONS[key]: value for key, value in entry.pglock.items()}
+        return StoredEntry(
+            name=entry.name,
+            task=entry.task,
+            schedule=celery_schedule(entry.schedule, self.app),
+            args=tuple(entry.args),
+            kwargs=dict(entry.kwargs),
+            options=options,
+            app=self.app,
+            model=Window(entry.enabled, entry.starts_at, entry.ends_at),
+        )
+
+    def _warn_shadowed(self, code: set[str]) -> None:
+        for name in sorted((self.entries.keys() & code) - self._shadowed):
+            logger.warning(
+                "schedule entry %r is both in beat_schedule and stored in PostgreSQL: the "
+                "beat_schedule one is sent; rename or remove the stored one (`celery pglock "
+                "entries rm %s`)",
+                name,
+                name,
+                extra={"action": "pglock_beat_entry_shadowed", "entry": name},
+            )
+        self._shadowed = self.entries.keys() & code
