@@ -2,9 +2,10 @@
 
 ``status``, ``runs``, ``migrate``, ``prune`` and ``release`` are here; ``pause``,
 ``resume``, ``trigger`` and ``why`` in ``cli/_controls.py``; ``schedule``, ``backfill`` and
-``rerun`` in ``cli/_replay.py``. Registered on ``celery`` through the ``celery.commands``
-entry point; the app comes from ``-A``. Every command prints an aligned table by default
-and JSON with ``--json``, and exits with a code that means something (``cli/_common.py``).
+``rerun`` in ``cli/_replay.py``; ``entries`` in ``cli/_schedule_entries.py``. Registered on
+``celery`` through the ``celery.commands`` entry point; the app comes from ``-A``. Every
+command prints an aligned table by default and JSON with ``--json``, and exits with a code
+that means something (``cli/_common.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from celery_pglock.cli._common import (
 from celery_pglock.cli._controls import pause, resume, trigger, why
 from celery_pglock.cli._entries import BY_HELP
 from celery_pglock.cli._replay import backfill, rerun, schedule
+from celery_pglock.cli._schedule_entries import entries
 from celery_pglock.cli._web import web
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering import _reads as reads
@@ -233,5 +235,5 @@ def _report_release(name: str, done: ops.ForcedRelease, as_json: bool) -> None:
         raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
-for command in (pause, resume, trigger, why, schedule, backfill, rerun, web):
+for command in (pause, resume, trigger, why, schedule, backfill, rerun, web, entries):
     pglock.add_command(command)

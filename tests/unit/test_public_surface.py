@@ -46,7 +46,35 @@ CONFIGURED_PATHS = {
     "celery_pglock.beat:PgLockSchedulerMixin": object,
 }
 
+# What ``pglock entries add`` and ``edit`` take alike: what an entry is made of.
+ENTRY_OPTIONS = [
+    "--args",
+    "--at",
+    "--by",
+    "--catch-up",
+    "--cron",
+    "--enabled",
+    "--every",
+    "--exchange",
+    "--expires",
+    "--force",
+    "--json",
+    "--kwargs",
+    "--overdue-after",
+    "--priority",
+    "--queue",
+    "--routing-key",
+    "--task",
+    "--tz",
+    "NAME",
+]
 COMMANDS = {
+    "pglock entries add": ENTRY_OPTIONS,
+    "pglock entries edit": ENTRY_OPTIONS,
+    "pglock entries export": ["PATH"],
+    "pglock entries import": ["--by", "--dry-run", "--force", "--from", "PATH"],
+    "pglock entries list": ["--json"],
+    "pglock entries rm": ["--by", "--json", "NAME"],
     "pglock backfill": [
         "--by",
         "--dry-run",
