@@ -107,6 +107,7 @@ class InMemoryStatements:
             "why_sends": self._why_sends,
             "why_skips": self._why_skips,
             "why_audit": self._why_audit,
+            "web_audit": self._web_audit,
             # Memory has no server sessions: no advisory lock is held or waited for.
             "ops_locks": lambda _: [],
             "beat_claim": self._beat_claim,
@@ -314,6 +315,18 @@ class InMemoryStatements:
         found = [row for row in self.data.audit if row["namespace"] == p["namespace"]]
         found = [row for row in found if about(row)]
         return [_pick(row, AUDIT_COLUMNS) for row in sorted(found, key=lambda r: r["at"])]
+
+    def _web_audit(self, p: Params) -> list[Row]:
+        """A namespace's trail, newest first; ``entry`` (NULL: any) narrows it."""
+
+        def about(row: Row) -> bool:
+            if p["entry"] is None:
+                return True
+            return _equal(row["entry"], p["entry"]) or _equal(row["lock_name"], p["lock_name"])
+
+        found = [r for r in self.data.audit if r["namespace"] == p["namespace"] and about(r)]
+        newest = sorted(found, key=lambda r: r["id"], reverse=True)
+        return [_pick(r, ["id", *AUDIT_COLUMNS]) for r in newest][p["offset"] :][: p["limit"]]
 
     # -- beat's claims (beat_queries.sql) ------------------------------------------------
 

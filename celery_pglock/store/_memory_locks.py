@@ -39,6 +39,7 @@ class Caller:
     local: dict[str, str] = field(default_factory=dict)  # this transaction's (set_config …, true)
     xact_start: datetime | None = None  # None: not in a transaction
     state_change: datetime | None = None
+    backend_start: datetime | None = None
 
     def set_lease(self, ms: str | None, xact: bool) -> None:
         """``set_lease``: arm the lease (NULL: leave it)."""
@@ -87,6 +88,11 @@ class AdvisoryLocks:
         else:
             held.session[key] += 1
         return True
+
+    def count(self, pid: int) -> int:
+        """How many advisory locks session ``pid`` holds (a re-entrant one once)."""
+        held = self._by_pid.get(pid)
+        return 0 if held is None else len(set(held.session) | held.xact)
 
     def unlock(self, pid: int, key: Key) -> bool:
         """``pg_advisory_unlock``: one hold of a session-level lock fewer."""

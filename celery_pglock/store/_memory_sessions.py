@@ -9,6 +9,9 @@ lease is armed and that stays idle longer than it is ended by the server, as
 ends one, and every statement of any session looks at the clock first, as the server's
 timers would have fired. ``terminate`` ends a session as ``pg_terminate_backend`` does.
 
+The operator's statements on held locks (who holds one, end its session) have their twins
+too (``memory_ops``), so that ``celery pglock release`` is unit-tested as well.
+
 ``in_memory_database`` gives a ``Database`` whose sessions are this server's (for locks,
 and for plain statements: ``Database.statements``): the
 code under test is the library's own, only the server is a twin. Single-threaded tests
@@ -34,6 +37,7 @@ from celery_pglock.store._driver import Connection
 from celery_pglock.store._lock_sessions import LockSession, Params, Row
 from celery_pglock.store._memory import InMemoryStatements, Rows, stored
 from celery_pglock.store._memory_locks import AdvisoryLocks, Caller, Key, LockStatements
+from celery_pglock.store._memory_ops import OpsStatements
 from celery_pglock.store._memory_waiting import WaitingStatements
 from celery_pglock.store.statements import Statements
 
@@ -52,6 +56,7 @@ class InMemoryServer:
         self.handlers = {
             **LockStatements(self.tables, self.locks, self._caller).handlers,
             **WaitingStatements(self.tables, self.locks).handlers,
+            **OpsStatements(self.tables, self.locks, self._caller, self._terminate).handlers,
         }
         self.guard = threading.RLock()
         self._sessions: dict[int, InMemorySession] = {}
@@ -97,6 +102,13 @@ class InMemoryServer:
             if lease is not None and now - session.idle_since > lease:
                 self.end(session, IDLE_ENDED)
 
+    def _terminate(self, pid: int) -> bool:
+        """``pg_terminate_backend``: True if session ``pid`` lived (it ends now)."""
+        found = self._sessions.get(pid)
+        if found is not None:
+            self.end(found, TERMINATED)
+        return found is not None
+
     def _caller(self, pid: int) -> Caller | None:
         found = self._sessions.get(pid)
         return found.caller if found is not None else None
@@ -109,7 +121,7 @@ class InMemorySession:
         self.server = server
         self.tables = server.tables.tables
         self.pid = pid
-        self.caller = Caller(pid, settings=dict(DEFAULT_IDLE))
+        self.caller = Caller(pid, settings=dict(DEFAULT_IDLE), backend_start=server.tables.clock())
         self.autocommit = True
         self.ended: str | None = None  # why the server ended it
         self.idle_since = server.tables.clock()

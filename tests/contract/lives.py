@@ -9,7 +9,8 @@ Only the server differs; every assertion must hold on both."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
@@ -56,6 +57,8 @@ class Lifecycle:
     db: Database
     statements: Statements  # to read the ledger back
     server: Server
+    # Statements on a session of the operator's own (``celery pglock release`` ends others).
+    operator: Callable[[], AbstractContextManager[Statements]]
     # A lock name of the test's own: advisory locks are the server's, not the schema's.
     lock: str = field(default_factory=lambda: f"contract:report-{uuid.uuid4().hex[:8]}")
 
@@ -112,6 +115,14 @@ class Clock:
 class TwinServer:
     def __init__(self, server: InMemoryServer, clock: Clock) -> None:
         self.server, self.clock = server, clock
+
+    @contextmanager
+    def operator(self) -> Iterator[Statements]:
+        session = self.server.connect()
+        try:
+            yield session
+        finally:
+            session.close()
 
     def end(self, lease: Lease) -> None:
         session = lease.lock_session
@@ -183,7 +194,8 @@ def _lifecycle(request: pytest.FixtureRequest, pool_size: int = 4) -> Iterator[L
     if request.param == "twin":
         clock = Clock()
         server = InMemoryServer(InMemoryStatements(Tables("contract"), clock=clock))
-        yield Lifecycle(in_memory_database(server), server.tables, TwinServer(server, clock))
+        twin = TwinServer(server, clock)
+        yield Lifecycle(in_memory_database(server), server.tables, twin, twin.operator)
         return
     dsn: str = request.getfixturevalue("pg_dsn")
     schema = request.getfixturevalue("pglock_schema")
@@ -194,7 +206,7 @@ def _lifecycle(request: pytest.FixtureRequest, pool_size: int = 4) -> Iterator[L
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             statements = OnConnection(conn, settings.tables, settings)
-            yield Lifecycle(db, statements, PostgresServer(conn))
+            yield Lifecycle(db, statements, PostgresServer(conn), lambda: nullcontext(statements))
     finally:
         db.close()
 

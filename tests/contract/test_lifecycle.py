@@ -1,19 +1,22 @@
 """A run's lifecycle through the library's own code (``locks.acquire``, ``runs.settle_*``,
 ``waiting``), on the in-memory server and on PostgreSQL alike: claim, skip, settle, give
 back, ``pglock_concurrency``, ``buffer_one``'s turn, a lock lost to a terminated session
-or a frozen holder's lease."""
+or a frozen holder's lease, and an operator's release of a held lock."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_pglock import _waiting as waiting
 from celery_pglock._messages import SLOT_HEADER
 from celery_pglock._runs import settle_failure, settle_success
 from celery_pglock._waiting import WAITED_HEADER, Message
 from celery_pglock.errors import LockLost
+from celery_pglock.steering import actions
+from celery_pglock.steering._operator import Operator
 from tests.contract.lives import LATER, LEASE, SLOT, Lifecycle, granted, pick, skipped
 
 
@@ -205,3 +208,23 @@ def test_buffer_one_supersedes_at_once_a_slot_older_than_the_waiting_one(life: L
     )
     assert ["superseded"] == [row["reason"] for row in life.skips(LATER)]
     settle_success(life.db, holder)
+
+
+def test_an_operator_s_release_ends_the_holder_s_session_audited(life: Lifecycle) -> None:
+    """``celery pglock release`` (``steering.actions.release``): the holder's session is
+    ended, the lock is free, the holder learns it lost it, and the audit trail says who."""
+    holder = granted(life.take(life.claim(task_id="stuck")))
+    app = Celery("contract", set_as_current=False)
+    app.conf.update(pglock_dsn="postgresql://nobody@127.0.0.1:9/unused", pglock_namespace="ops")
+    op = Operator(app, "ann@host", "contract", opener=life.operator)
+
+    done = actions.release(op, life.lock, any_namespace=True)
+
+    assert (True, ["stuck"]) == (done.released, [h["task_id"] for h in done.terminated])
+    assert 0 == life.locks_held()
+    with pytest.raises(LockLost):
+        holder.check()
+    params = {"namespace": "ops", "entry": life.lock, "lock_name": life.lock}
+    with life.operator() as statements:
+        trail = statements.rows("web_audit", params | {"limit": 10, "offset": 0})
+    assert [("release", "ann@host")] == [(row["action"], row["actor"]) for row in trail]
