@@ -70,6 +70,7 @@ QUERY_FILES = (
     "connection_queries.sql",
     "web_queries.sql",
     "entry_queries.sql",
+    "import_queries.sql",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 

@@ -2,22 +2,22 @@
 at runtime (``celery_pglock.schedules``, which each command calls).
 
 ``add`` and ``edit`` take the same options; ``edit`` changes only those given. ``export``
-writes every entry as JSON that ``import --from file`` takes back; ``import --from
-config`` copies the app's ``beat_schedule`` (``--dry-run`` first: every entry listed with
-what it becomes, or why it cannot be carried over).
+writes every entry as JSON that ``import --from file`` takes back; ``import`` also copies
+the app's ``beat_schedule``, django-celery-beat's tables or RedBeat's keys
+(``_entry_imports``; ``--dry-run`` first: every entry listed with what it becomes, or why
+it cannot be carried over).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 from celery import Celery
-from celery.schedules import crontab, schedule, solar
 
+from celery_pglock import _entry_imports as imports
 from celery_pglock import schedules
 from celery_pglock.cli import _output as output
 from celery_pglock.cli._common import current_app, json_option, reported_errors
@@ -25,6 +25,7 @@ from celery_pglock.cli._entries import BY_HELP
 from celery_pglock.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
+SOURCES = ["config", "django", "redbeat", "file"]
 JSON_HELP = "JSON, e.g. '[1, \"a\"]'"
 
 
@@ -131,20 +132,26 @@ def export(ctx: click.Context, path: Any) -> None:
 
 @entries.command(name="import")
 @click.option(
-    "--from", "source", required=True, type=click.Choice(["config", "file"]),
-    help="config: the app's beat_schedule; file: what `entries export` wrote (PATH).",
+    "--from", "source", required=True, type=click.Choice(SOURCES),
+    help="config: the app's beat_schedule; django: django-celery-beat's tables; redbeat: "
+    "RedBeat's keys in Redis; file: what `entries export` wrote.",
 )  # fmt: skip
-@click.argument("path", type=click.File("r"), required=False)
+@click.argument("where", required=False)
 @click.option("--dry-run", is_flag=True, help="List what each entry becomes; store nothing.")
 @click.option("--force", is_flag=True, help="Tasks only the workers import.")
 @click.option("--by", help=BY_HELP)
 @click.pass_context
-def import_(ctx: click.Context, /, source: str, path: Any, dry_run: bool, **who: Any) -> None:
-    """Copy entries into the store, each listed with what it became (or why not)."""
+def import_(
+    ctx: click.Context, /, source: str, where: str | None, dry_run: bool, **who: Any
+) -> None:
+    """Copy entries into the store, each listed with what it became (or why not).
+
+    WHERE: the file (``--from file``), the Django database's DSN (``--from django``,
+    default pglock_dsn), RedBeat's Redis URL (``--from redbeat``, default
+    redbeat_redis_url or the broker)."""
     app = current_app(ctx)
-    if source == "file" and path is None:
-        raise click.UsageError("--from file needs the PATH `entries export` wrote")
-    found = _from_config(app) if source == "config" else _from_file(json.load(path))
+    with reported_errors():
+        found = _read(app, source, where)
     failed = 0
     for name, spec, unreadable in found:
         problem = unreadable or _import_one(app, name, spec, dry_run=dry_run, **who)
@@ -155,6 +162,19 @@ def import_(ctx: click.Context, /, source: str, path: Any, dry_run: bool, **who:
     click.echo(f"\n{len(found) - failed} of {len(found)} entries {verb}", err=True)
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def _read(app: Celery, source: str, where: str | None) -> list[imports.Imported]:
+    if source == "config":
+        return imports.from_config(app)
+    if source == "django":
+        return imports.from_django(app, where)
+    if source == "redbeat":
+        return imports.from_redbeat(app, where)
+    if where is None:
+        raise click.UsageError("--from file needs the file `entries export` wrote")
+    with open(where, encoding="utf-8") as exported:
+        return imports.from_export(json.load(exported))
 
 
 def _import_one(
@@ -171,54 +191,6 @@ def _import_one(
     except ConfigurationError as exc:
         return str(exc)
     return None
-
-
-Imported = tuple[str, dict[str, Any], str | None]  # name, what it becomes, why not
-
-
-def _from_config(app: Celery) -> list[Imported]:
-    """``beat_schedule``'s entries as stored entries; what cannot be carried over, named."""
-    found: list[Imported] = []
-    for name, raw in (app.conf.beat_schedule or {}).items():
-        spec: dict[str, Any] = {"task": raw.get("task")}
-        problem = _schedule_of(raw.get("schedule"), spec)
-        spec |= {"args": list(raw.get("args") or ()), "kwargs": dict(raw.get("kwargs") or {})}
-        options = dict(raw.get("options") or {})
-        for key in ("queue", "exchange", "routing_key", "priority", "expires", "headers"):
-            if key in options:
-                spec[key] = options.pop(key)
-        left = sorted(set(options) | (set(raw) - {"task", "schedule", "args", "kwargs", "options"}))
-        if left and problem is None:
-            problem = f"option(s) {left} have no stored form"
-        found.append((name, spec, problem))
-    return found
-
-
-def _schedule_of(given: Any, spec: dict[str, Any]) -> str | None:
-    if isinstance(given, (int, float, timedelta)):
-        given = schedule(given)
-    if isinstance(given, crontab):
-        # Celery keeps each field as it was written (``_orig_*``): the expression back.
-        written: Any = given
-        fields = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
-        spec["cron"] = " ".join(str(getattr(written, f"_orig_{field}")) for field in fields)
-        return None
-    if isinstance(given, solar):
-        spec |= {"solar": given.event, "lat": given.lat, "lon": given.lon}
-        return None
-    if isinstance(given, schedule):
-        spec["every"] = given.seconds
-        return None
-    return f"schedule {given!r} has no stored form"
-
-
-def _from_file(data: Iterable[dict[str, Any]]) -> list[Imported]:
-    found: list[Imported] = []
-    for item in data:
-        spec = dict(item)
-        name = spec.pop("name")
-        found.append((name, spec, None))
-    return found
 
 
 def _portable(entry: schedules.Entry) -> dict[str, Any]:

@@ -72,7 +72,7 @@ COMMANDS = {
     "pglock entries add": ENTRY_OPTIONS,
     "pglock entries edit": ENTRY_OPTIONS,
     "pglock entries export": ["PATH"],
-    "pglock entries import": ["--by", "--dry-run", "--force", "--from", "PATH"],
+    "pglock entries import": ["--by", "--dry-run", "--force", "--from", "WHERE"],
     "pglock entries list": ["--json"],
     "pglock entries rm": ["--by", "--json", "NAME"],
     "pglock backfill": [
