@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -112,6 +112,7 @@ class PgLockSchedulerMixin:
         self._close_pending = False
         self._lock_options: dict[str, TaskOptions] = {}  # per task beat cannot import
         self._stored = StoredEntries(app, self.pglock_beat.namespace)
+        self._seen_schedule: tuple[int, int] | None = None  # the schedule's id and size
         super().__init__(*args, **kwargs)
         self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
         self._planner = SlotPlanner(self.pglock_beat, self.max_interval)
@@ -200,10 +201,14 @@ class PgLockSchedulerMixin:
             self._next_register = 0.0  # a new leader says at once what it sends
             if self.pglock_beat.leader_mode:  # whoever claimed them no longer leads
                 self._resend_unconfirmed(at_once=True)
-        for name in self._stored.refresh(self._run_query, set(self.schedule)):
+        code = self.schedule
+        for name in self._stored.refresh(self._run_query, code.keys()):
             self._planner.changed(name)
-        entries = self._entries()
-        due = self._planner.due(list(entries.values()), now, self._lock_name)
+        entries = self._stored.beside(code)
+        # New names only come with another schedule (django-celery-beat's, reloaded) or
+        # a stored change: else the planner reads only the entries whose look has come.
+        seen, self._seen_schedule = self._seen_schedule, (id(code), len(code))
+        due = self._planner.due(entries, now, self._lock_name, rescan=seen != self._seen_schedule)
         if due:
             self._send(due)
         self._resend_unconfirmed()
@@ -219,11 +224,10 @@ class PgLockSchedulerMixin:
         )
         self._election.start()
 
-    def _entries(self) -> dict[str, Any]:
+    def _entries(self) -> Mapping[str, Any]:
         """Every entry this replica sends: ``beat_schedule``'s (the code's win a name both
         define) and those stored in PostgreSQL (``celery_pglock.schedules``)."""
-        code = self.schedule
-        return {**self._stored.sendable(set(code)), **code}
+        return self._stored.beside(self.schedule)
 
     def _reserve(self, entry: Any) -> Any:
         """Celery's ``reserve`` (the entry's next state), kept where the entry lives."""

@@ -12,6 +12,7 @@ stored one is not sent, and a WARNING says so once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -54,22 +55,24 @@ class StoredEntries:
         self.entries: dict[str, Any] = {}
         self._shadowed: set[str] = set()  # names the code defines too, said once
 
-    def refresh(self, run_query: RunQuery, code: set[str]) -> list[str]:
+    def refresh(self, run_query: RunQuery, code: Collection[str]) -> list[str]:
         """Read what changed since the last call; the names changed (added, edited or
-        removed), for the planner to look at them afresh."""
+        removed), for the planner to look at them afresh. ``code``: the names
+        ``beat_schedule`` defines, whose stored namesakes are not sent."""
         version, changed = entry_store.changes(run_query, self.namespace, self.version)
         for entry in changed:
             if entry.removed:
                 self.entries.pop(entry.name, None)
             else:
                 self.entries[entry.name] = self._celery_entry(entry)
+                self._warn_if_shadowed(entry.name, code)
         self.version = version
-        self._warn_shadowed(code)
         return [entry.name for entry in changed]
 
-    def sendable(self, code: set[str]) -> dict[str, Any]:
-        """The stored entries whose name the code does not define."""
-        return {name: entry for name, entry in self.entries.items() if name not in code}
+    def beside(self, code: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Every entry to send: ``code``'s, and the stored ones whose name it does not
+        define; a view, read as it is now (Celery's ``reserve`` replaces entries)."""
+        return Entries(code, self.entries)
 
     def _celery_entry(self, entry: Entry) -> Any:
         options = dict(entry.options)
@@ -85,14 +88,35 @@ class StoredEntries:
             model=Window(entry.enabled, entry.starts_at, entry.ends_at),
         )
 
-    def _warn_shadowed(self, code: set[str]) -> None:
-        for name in sorted((self.entries.keys() & code) - self._shadowed):
-            logger.warning(
-                "schedule entry %r is both in beat_schedule and stored in PostgreSQL: the "
-                "beat_schedule one is sent; rename or remove the stored one (`celery pglock "
-                "entries rm %s`)",
-                name,
-                name,
-                extra={"action": "pglock_beat_entry_shadowed", "entry": name},
-            )
-        self._shadowed = self.entries.keys() & code
+    def _warn_if_shadowed(self, name: str, code: Collection[str]) -> None:
+        if name not in code or name in self._shadowed:
+            return
+        self._shadowed.add(name)
+        logger.warning(
+            "schedule entry %r is both in beat_schedule and stored in PostgreSQL: the "
+            "beat_schedule one is sent; rename or remove the stored one (`celery pglock "
+            "entries rm %s`)",
+            name,
+            name,
+            extra={"action": "pglock_beat_entry_shadowed", "entry": name},
+        )
+
+
+class Entries(Mapping[str, Any]):
+    """The code's entries and the stored ones beside them (the code's win a name)."""
+
+    def __init__(self, code: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        self._code = code
+        self._stored = stored
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._code:
+            return self._code[name]
+        return self._stored[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._code
+        yield from (name for name in self._stored if name not in self._code)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
