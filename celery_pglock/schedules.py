@@ -35,7 +35,7 @@ from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering._apps import namespace, target
 from celery_pglock.store.statements import Statements, opened
 
-__all__ = ["Entry", "add", "checked", "ensure", "entries", "get", "remove", "update"]
+__all__ = ["Entry", "add", "checked", "ensure", "entries", "get", "merged", "remove", "update"]
 
 LABEL = "celery-pglock schedules"
 SCHEDULE_KINDS = ("every", "cron", "at", "solar")
@@ -64,8 +64,7 @@ def update(
         before = store.get(statements, namespace(app), name)
         if before is None:
             raise ConfigurationError(f"no entry {name!r} is stored: add it first")
-        merged = _merged(before, given)
-        values = checked(app, name, merged, force=force, now_given="at" in given)
+        values = checked(app, name, merged(before, given), force=force, now_given="at" in given)
         return store.write(statements, target(app, by), name, values, "edit")
 
 
@@ -162,15 +161,15 @@ KNOWN = {
 }
 
 
-def _merged(before: Entry, given: dict[str, Any]) -> dict[str, Any]:
+def merged(before: Entry, given: dict[str, Any]) -> dict[str, Any]:
     """``before``'s fields as ``checked`` takes them, with ``given``'s over them; a
     schedule given replaces the stored one whole."""
-    merged: dict[str, Any] = {"task": before.task, "args": before.args, "kwargs": before.kwargs}
-    merged |= {"starts_at": before.starts_at, "ends_at": before.ends_at, "enabled": before.enabled}
-    merged |= before.options | before.pglock
+    found: dict[str, Any] = {"task": before.task, "args": before.args, "kwargs": before.kwargs}
+    found |= {"starts_at": before.starts_at, "ends_at": before.ends_at, "enabled": before.enabled}
+    found |= before.options | before.pglock
     if not any(given.get(kind) is not None for kind in SCHEDULE_KINDS):
-        merged |= _schedule_fields(before.schedule)
-    return merged | given
+        found |= _schedule_fields(before.schedule)
+    return found | given
 
 
 def _schedule_fields(stored: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The dashboard's buttons: pause, resume, trigger, rerun, backfill, release a lock.
+"""The dashboard's buttons: pause, resume, trigger, rerun, backfill, release a lock, and
+add, change or remove a schedule entry stored in PostgreSQL (``celery_pglock.schedules``).
 
 Each is a POST, twice: first ``step=review`` (what would happen: a backfill's dry run,
 the holder a release would end), then ``step=confirm`` from the confirmation page, which
@@ -27,12 +28,14 @@ from celery_pglock.steering import _replay as replay
 from celery_pglock.steering import actions
 from celery_pglock.steering._apps import Schedule
 from celery_pglock.steering._operator import Operator
+from celery_pglock.web import _entries as entries
 from celery_pglock.web.security import Identity, same_origin
 
 if TYPE_CHECKING:
     from celery_pglock.web._app import Dashboard
 
 KINDS = ("pause", "resume", "trigger", "rerun", "backfill", "release")
+ENTRY_KINDS = ("entry_add", "entry_edit", "entry_remove")  # stored entries (``_entries``)
 BACKFILL_LIMIT = actions.BACKFILL_LIMIT
 BACKFILL_RATE = 1.0  # slots per second
 LABEL = "celery-pglock web"
@@ -42,7 +45,7 @@ def handle(
     board: Dashboard, request: Request, urls: MapAdapter, identity: Identity, kind: str
 ) -> Response:
     """Check who asks and how, then review or do ``kind``."""
-    if kind not in KINDS:
+    if kind not in KINDS + ENTRY_KINDS:
         return board.error(request, urls, identity, 404, f"no action {kind!r}")
     refused = _refusal(board, request, urls, identity)
     if refused is not None:
@@ -53,7 +56,10 @@ def handle(
         if key not in ("csrf", "step")
     }
     if request.form.get("step") == "confirm":
-        done = _do(board, identity, kind, fields)
+        if kind in ENTRY_KINDS:
+            done = entries.do(board.app, identity.actor, kind, fields)
+        else:
+            done = _do(board, identity, kind, fields)
         return _done(board, urls, identity, kind, fields=fields, done=done)
     preview = _review(board, identity, kind, fields)
     return board.page(
@@ -80,7 +86,8 @@ def _done(
     action that was not done. It names what every page shows (entry, slot, lock, who),
     nothing secret; the template escapes it."""
     at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    text = f"{kind}: done at {at} — {_outcome(kind, identity, done)}"
+    said = entries.outcome(kind, identity.actor, done) if kind in ENTRY_KINDS else None
+    text = f"{kind}: done at {at} — {said or _outcome(kind, identity, done)}"
     endpoint, values = _landing(kind, fields, done)
     location = urls.build(endpoint, {**values, "done": text, "sig": board.csrf.seal(text)})
     return redirect(location, code=303)
@@ -90,6 +97,8 @@ def _landing(kind: str, fields: dict[str, str], done: Row) -> tuple[str, dict[st
     """The page a confirmed ``kind`` redirects to: endpoint and values."""
     if kind == "release":
         return "locks", {}
+    if kind in ENTRY_KINDS:
+        return "stored", {}
     if kind == "rerun":
         return "slot", {"name": fields["entry"], "slot": done["slot"]}
     return "entry", {"name": fields["entry"]}
@@ -172,6 +181,8 @@ def _required(fields: dict[str, str], name: str, what: str) -> str:
 
 def _review(board: Dashboard, identity: Identity, kind: str, fields: dict[str, str]) -> Row:
     """What ``kind`` would do with ``fields``; nothing is changed."""
+    if kind in ENTRY_KINDS:
+        return entries.review(board.app, kind, fields)
     op = _operator(board, identity)
     if kind == "release":
         name = actions.lock_to_release(op, _required(fields, "lock", "the lock's name"))

@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, MapAdapter, Rule
 from werkzeug.wrappers import Request, Response
 
-from celery_pglock import ops
+from celery_pglock import ops, schedules
 from celery_pglock._config import app_settings, web_credentials
 from celery_pglock._dsn import redact
 from celery_pglock.errors import (
@@ -58,6 +58,7 @@ URLS = Map(
         Rule("/slot", endpoint="slot"),
         Rule("/locks", endpoint="locks"),
         Rule("/audit", endpoint="audit"),
+        Rule("/stored", endpoint="stored"),
         Rule("/api/overview", endpoint="api_overview"),
         Rule("/api/entry/<path:name>", endpoint="api_entry"),
         Rule("/api/slot", endpoint="api_slot"),
@@ -234,6 +235,12 @@ class Dashboard:
 
     def on_api_audit(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         return _json(self._audit(request))
+
+    def on_stored(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
+        """The schedule entries stored in PostgreSQL, and a form to add or change one."""
+        found = schedules.entries(self.app)
+        editing = next((e for e in found if e.name == request.args.get("edit")), None)
+        return self.page(request, urls, identity, "stored.html", entries=found, editing=editing)
 
     def on_style(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         text = resources.files("celery_pglock.web").joinpath("static/style.css").read_text()

@@ -412,6 +412,58 @@ def test_a_held_lock_released_from_the_locks_page_as_the_web_user(
     assert f"web:{WEB_USER}" == row["actor"]
 
 
+def test_a_stored_entry_is_created_edited_and_deleted_in_the_browser(
+    dash: Dash, browser: Any, tmp_path: Path
+) -> None:
+    """The stored entries page's form: add an entry (reviewed with its next five slots),
+    change its schedule, remove it; each confirmed, audited as the web user with before
+    and after, and what `celery pglock entries list` then shows."""
+    acting_as(browser, basic(WEB_USER, WEB_PASSWORD))
+    try:
+        browser.get(dash.url + "/stored")
+        browser.find_element(By.ID, "entry-name").send_keys("browser-made")
+        browser.find_element(By.ID, "entry-task").send_keys("testapp.tick")
+        browser.find_element(By.ID, "entry-cron").send_keys("0 9 * * *")
+        browser.find_element(By.ID, "entry-tz").send_keys("Europe/Paris")
+        click_through(browser, browser.find_element(By.ID, "entry-review"))
+        assert "Confirm: entry_add" in browser.find_element(By.TAG_NAME, "h1").text
+        assert 5 == len(browser.find_elements(By.CSS_SELECTOR, "#next tbody tr"))
+        screenshot(browser, "entry-confirm", tmp_path)
+        click_through(browser, browser.find_element(By.ID, "confirm"))
+        assert (
+            f"entry browser-made added by web:{WEB_USER}"
+            in browser.find_element(By.ID, "done").text
+        )
+
+        browser.get(dash.url + "/stored?edit=browser-made")
+        cron = browser.find_element(By.ID, "entry-cron")
+        cron.clear()
+        cron.send_keys("30 9 * * *")
+        click_through(browser, browser.find_element(By.ID, "entry-review"))
+        click_through(browser, browser.find_element(By.ID, "confirm"))
+        assert "changed by" in browser.find_element(By.ID, "done").text
+
+        listed = json.loads(dash.lab.cli("entries", "list", "--json")[1])
+        assert [("browser-made", "30 9 * * *", True)] == [
+            (e["name"], e["schedule"]["cron"], e["enabled"]) for e in listed
+        ]
+        row = browser.find_element(By.CSS_SELECTOR, 'tr[data-entry="browser-made"]')
+        click_through(browser, row.find_element(By.CSS_SELECTOR, "button.remove"))
+        click_through(browser, browser.find_element(By.ID, "confirm"))
+        assert "removed by" in browser.find_element(By.ID, "done").text
+    finally:
+        acting_as(browser, None)
+
+    assert [] == json.loads(dash.lab.cli("entries", "list", "--json")[1])
+    trail = dash.lab.rows(
+        "SELECT action, actor, detail FROM {} WHERE entry = 'browser-made' ORDER BY id",
+        "pglock_audit",
+    )
+    assert ["entry_add", "entry_edit", "entry_remove"] == [row["action"] for row in trail]
+    assert {f"web:{WEB_USER}"} == {row["actor"] for row in trail}
+    assert "0 9 * * *" == trail[1]["detail"]["before"]["schedule"]["cron"]
+
+
 def test_the_overview_warns_of_a_rogue_scheduler(dash: Dash, browser: Any) -> None:
     configure_broker_client(dash.lab.env)
     from tests.apps import testapp  # noqa: PLC0415 - configured just above

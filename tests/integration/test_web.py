@@ -95,3 +95,42 @@ def test_a_notice_not_made_by_the_dashboard_is_not_shown(pg_dsn: str, pglock_sch
         page = client.get(location)
         assert (200, None) == (page.status_code, notice(page.get_data(as_text=True)))
     assert notice(client.get(made).get_data(as_text=True)) is not None
+
+
+def post(board: Dashboard, client: Client, kind: str, step: str, **form: str) -> Any:
+    data = {**form, "step": step, "csrf": board.csrf.token(ANN)}
+    return client.post(f"/action/{kind}", data=data, headers=ORIGIN)
+
+
+def test_a_stored_entry_is_added_changed_and_removed_from_the_dashboard_audited(
+    pg_dsn: str, pglock_schema: str
+) -> None:
+    """Add, change and remove a stored entry through the forms: each reviewed first (its
+    next five slots, in its timezone), then confirmed; audited as web:ann; a bad field is
+    refused naming it, and nothing is stored."""
+    board, client = dashboard(pg_dsn, pglock_schema)
+    form = {"name": "report", "task": "webapp.tick", "cron": "30 2 * * *", "tz": "Europe/Paris"}
+    form |= {"force": "on"}  # the test's app imports no task
+
+    review = post(board, client, "entry_add", "review", **form, enabled="on").get_data(as_text=True)
+
+    assert "Confirm: entry_add" in review
+    assert 5 == review.count("T01:30:00Z") + review.count("T00:30:00Z")  # 02:30 Paris
+    bad = post(board, client, "entry_add", "review", **{**form, "cron": "99 * * * *"})
+    assert 400 == bad.status_code
+    assert "cron: &#39;99 * * * *&#39; is not" in bad.get_data(as_text=True)
+    added = post(board, client, "entry_add", "confirm", **form, enabled="on")
+    assert 303 == added.status_code
+    assert "entry report added by web:ann" in client.get(added.headers["Location"]).get_data(
+        as_text=True
+    )
+
+    changed = post(board, client, "entry_edit", "confirm", name="report", every="5m", force="on")
+    assert 303 == changed.status_code
+    page = client.get("/stored").get_data(as_text=True)
+    assert '{"every": 300.0}' in page.replace("&#34;", '"')
+    removed = post(board, client, "entry_remove", "confirm", name="report")
+    assert 303 == removed.status_code
+    assert "none stored" in client.get("/stored").get_data(as_text=True)
+    for action in ("entry_add", "entry_edit", "entry_remove"):
+        assert 1 == audited(pg_dsn, pglock_schema, action)
