@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -57,6 +57,9 @@ STANDBY_POLL = 0.2  # how often a standby looks at whether it became the leader
 RESEND_CHECK_EVERY = 5.0
 ORPHAN_SWEEP_EVERY = 10.0  # seconds between two looks for rows a dead attempt left running
 REGISTER_EVERY = 60.0  # seconds between two refreshes of the tasks our entries send
+# Seconds between two looks at the stored entries' changes (one number read): every tick
+# at pglock_beat_max_interval = 1, ticks a second apart give or take.
+ENTRY_CHECK_EVERY = 0.5
 STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader goes on sending its tick's claims
 
 
@@ -99,6 +102,7 @@ class PgLockSchedulerMixin:
         self._next_resend_check = 0.0
         self._next_sweep = 0.0
         self._next_register = 0.0
+        self._next_entry_check = 0.0
         self._outage = False
         self._pruner = AutoPrune.from_conf(
             app.conf, self.pglock_settings, self.pglock_beat.namespace
@@ -202,8 +206,7 @@ class PgLockSchedulerMixin:
             if self.pglock_beat.leader_mode:  # whoever claimed them no longer leads
                 self._resend_unconfirmed(at_once=True)
         code = self.schedule
-        for name in self._stored.refresh(self._run_query, code.keys()):
-            self._planner.changed(name)
+        self._read_stored_changes(code.keys())
         entries = self._stored.beside(code)
         # New names only come with another schedule (django-celery-beat's, reloaded) or
         # a stored change: else the planner reads only the entries whose look has come.
@@ -223,6 +226,16 @@ class PgLockSchedulerMixin:
             self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_beat.lease
         )
         self._election.start()
+
+    def _read_stored_changes(self, code: Collection[str]) -> None:
+        """The stored entries changed since the last look (at most every
+        ``ENTRY_CHECK_EVERY``: so at every tick at ``pglock_beat_max_interval = 1``)."""
+        now = time.monotonic()
+        if now < self._next_entry_check:
+            return
+        self._next_entry_check = now + ENTRY_CHECK_EVERY
+        for name in self._stored.refresh(self._run_query, code):
+            self._planner.changed(name)
 
     def _entries(self) -> Mapping[str, Any]:
         """Every entry this replica sends: ``beat_schedule``'s (the code's win a name both

@@ -5,8 +5,9 @@ A ``PgLockScheduler`` runs in the test process on a throwaway server that the te
 each tick makes one path the only one due (the others' next looks pushed out of reach), so
 the error the tick meets comes from that path: starting the election, leading, the orphan
 sweep, the waiting-slot sweep, re-sending unconfirmed claims, registering the entries'
-tasks, the freshness look, pruning. The worker's rogue check meets it the same way. A
-locked task meeting an outage is retried (tests/faults/test_server_faults.py).
+tasks, the freshness look, pruning, the look at the stored entries' changes. The worker's
+rogue check meets it the same way. A locked task meeting an outage is retried
+(tests/faults/test_server_faults.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ TIMERS = {  # a path of the leader's tick -> where the scheduler keeps its next 
     "register-tasks": ("_next_register",),
     "freshness": ("_freshness", "_next"),
     "pruning": ("_pruner", "next_at"),
+    "stored-entries": ("_next_entry_check",),
 }
 
 
@@ -153,8 +155,9 @@ def test_a_leader_that_loses_postgresql_stands_by_and_leads_again(
 def test_each_path_of_a_tick_survives_an_outage(
     scheduler: Any, private_pg: EmbeddedPostgres, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
-    """Orphan sweep, re-sends, task registry, freshness, pruning: with PostgreSQL stopped
-    the tick that meets it returns, says so once, and the next ticks recover."""
+    """Orphan sweep, re-sends, task registry, freshness, pruning, the stored entries'
+    changes: with PostgreSQL stopped the tick that meets it returns, says so once, and the
+    next ticks recover."""
     tick_until(scheduler, lambda: scheduler._leading, "the replica to send")
     private_pg.stop()
     only_due(scheduler, path)
