@@ -60,11 +60,12 @@ class StoredEntries:
         removed), for the planner to look at them afresh. ``code``: the names
         ``beat_schedule`` defines, whose stored namesakes are not sent."""
         version, changed = entry_store.changes(run_query, self.namespace, self.version)
+        now = self.app.now()  # once: Celery's entry would read the clock for each
         for entry in changed:
             if entry.removed:
                 self.entries.pop(entry.name, None)
             else:
-                self.entries[entry.name] = self._celery_entry(entry)
+                self.entries[entry.name] = self._celery_entry(entry, now)
                 self._warn_if_shadowed(entry.name, code)
         self.version = version
         return [entry.name for entry in changed]
@@ -74,7 +75,7 @@ class StoredEntries:
         define; a view, read as it is now (Celery's ``reserve`` replaces entries)."""
         return Entries(code, self.entries)
 
-    def _celery_entry(self, entry: Entry) -> Any:
+    def _celery_entry(self, entry: Entry, now: datetime) -> Any:
         options = dict(entry.options)
         options |= {PGLOCK_OPTIONS[key]: value for key, value in entry.pglock.items()}
         return StoredEntry(
@@ -84,6 +85,7 @@ class StoredEntries:
             args=tuple(entry.args),
             kwargs=dict(entry.kwargs),
             options=options,
+            last_run_at=now,
             app=self.app,
             model=Window(entry.enabled, entry.starts_at, entry.ends_at),
         )
