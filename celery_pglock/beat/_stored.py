@@ -48,9 +48,10 @@ class StoredEntry(ScheduleEntry):
 class StoredEntries:
     """The stored entries of one namespace, by name, as Celery schedule entries."""
 
-    def __init__(self, app: Any, namespace: str) -> None:
+    def __init__(self, app: Any, namespace: str, *, quiet: bool = False) -> None:
         self.app = app
         self.namespace = namespace
+        self._quiet = quiet  # a reader's, not beat's: names shadowed are its to show
         self.version = 0  # the newest change read
         self.entries: dict[str, Any] = {}
         self._shadowed: set[str] = set()  # names the code defines too, said once
@@ -91,7 +92,7 @@ class StoredEntries:
         )
 
     def _warn_if_shadowed(self, name: str, code: Collection[str]) -> None:
-        if name not in code or name in self._shadowed:
+        if self._quiet or name not in code or name in self._shadowed:
             return
         self._shadowed.add(name)
         logger.warning(

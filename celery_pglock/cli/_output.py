@@ -272,6 +272,14 @@ def pauses_text(pauses: list[Row]) -> str:
     return section(f"PAUSED ENTRIES ({len(pauses)})", headers, rows)
 
 
+def shadowed_text(names: list[str]) -> str:
+    """Entries both ``beat_schedule`` and PostgreSQL define: beat sends the code's."""
+    lines = [f"SHADOWED ENTRIES ({len(names)}): stored in PostgreSQL and in beat_schedule"]
+    lines += [f"  {name}" for name in names]
+    lines.append("  beat sends the beat_schedule one: rename or remove the stored one")
+    return "\n".join(lines)
+
+
 def why_text(found: Row) -> str:
     """``pglock why``: the slot's row, then beat's claims, skips, holder and audit trail."""
     run = found["run"]

@@ -75,6 +75,7 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}\n")
     parts = [output.freshness_text(fresh)] if fresh else []  # overdue entries first
     parts += [output.rogue_text(found.rogue)] if found.rogue else []
+    parts += [output.shadowed_text(view.shadowed)] if view.shadowed else []
     parts += [output.locks_text(found.locks)]
     parts += [output.waiting_text(found.waiting)] if found.waiting else []
     parts += [output.beat_text(found.beat)]

@@ -17,7 +17,7 @@ from celery.utils.imports import symbol_by_name
 from celery_pglock import _controls as controls
 from celery_pglock import _policy as policy
 from celery_pglock import ops
-from celery_pglock._config import namespace_of
+from celery_pglock._config import app_settings, namespace_of
 from celery_pglock._keys import lock_key
 from celery_pglock._messages import BUILTIN_PREFIX, ENTRY_HEADER, MANUAL_HEADER, SLOT_HEADER
 from celery_pglock._names import fixed_lock_name
@@ -25,7 +25,14 @@ from celery_pglock._task import PgLockMixin
 from celery_pglock.beat._entries import entry_lock_name
 from celery_pglock.beat._scheduler import EntryWithHeaders, PgLockSchedulerMixin
 from celery_pglock.beat._settings import BeatSettings
-from celery_pglock.errors import ConfigurationError, NotPgLockScheduler, UnknownEntry
+from celery_pglock.beat._stored import StoredEntries
+from celery_pglock.errors import (
+    ConfigurationError,
+    DatabaseError,
+    NotPgLockScheduler,
+    UnknownEntry,
+)
+from celery_pglock.store.statements import Statements, opened
 
 
 def setup_django() -> None:
@@ -113,9 +120,12 @@ def lock_of(app: Celery, name: str) -> str:
 
 
 class Schedule:
-    """The app's beat entries, loaded as its beat scheduler loads them."""
+    """The app's beat entries, loaded as its beat scheduler loads them: ``beat_schedule``'s
+    (or django-celery-beat's) and those stored in PostgreSQL (``celery_pglock.schedules``;
+    a name both define is the code's, and listed in ``shadowed``). ``statements``: where
+    to read the stored ones (else a connection of its own; none when unreachable)."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, statements: Statements | None = None) -> None:
         app_tasks(app)  # as beat: Django set up, the task modules imported (lock names)
         cls = symbol_by_name(app.conf.beat_scheduler)
         if not (isinstance(cls, type) and issubclass(cls, PgLockSchedulerMixin)):
@@ -128,7 +138,10 @@ class Schedule:
         scheduler: Any = cls(app=app, lazy=True)
         scheduler.setup_schedule()
         self.scheduler = scheduler
-        self.entries: dict[str, Any] = dict(self.scheduler.schedule)
+        code = dict(self.scheduler.schedule)
+        stored = _stored_entries(app, code, statements)
+        self.shadowed = sorted(stored.keys() & code.keys())
+        self.entries: dict[str, Any] = {**stored, **code}
 
     def entry(self, name: str) -> Any:
         """The entry ``name``, or ``UnknownEntry`` naming the nearest ones."""
@@ -141,6 +154,24 @@ class Schedule:
 
     def lock_name(self, entry: Any) -> str:
         return entry_lock_name(self.app, entry)
+
+
+def _stored_entries(
+    app: Celery, code: Mapping[str, Any], statements: Statements | None
+) -> dict[str, Any]:
+    """The app's entries stored in PostgreSQL, as Celery entries; none where the server
+    cannot tell (unreachable, or tables older than the entries': the caller's own
+    statements then meet the same)."""
+    found = StoredEntries(app, namespace(app), quiet=True)
+    try:
+        if statements is not None:
+            found.refresh(statements.rows, code.keys())
+        else:
+            with opened(app_settings(app)) as own:
+                found.refresh(own.rows, code.keys())
+    except DatabaseError:
+        return {}
+    return found.entries
 
 
 def schedule_or_none(app: Celery) -> Schedule | None:

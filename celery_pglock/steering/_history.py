@@ -149,7 +149,7 @@ def overview(
     the beat replicas; rogue senders. Every entry's freshness is looked at (the order
     needs it), the strips and rates only for the page's."""
     now = now or datetime.now(timezone.utc)
-    entries = Schedule(app)
+    entries = Schedule(app, statements)
     settings = BeatSettings.from_app(app)
     ns = namespace(app)
     known = known_lock_names(app)
@@ -196,6 +196,7 @@ def overview(
         "entries": found,
         "beat": status.beat,
         "rogue_sends": status.rogue,
+        "entries_shadowed": entries.shadowed,
     }
 
 

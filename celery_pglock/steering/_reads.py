@@ -55,9 +55,11 @@ class StatusView:
     fresh: list[Freshness]
     tasks: list[Row]
     note: str | None  # why freshness is not shown, when the beat schedule did not load
+    shadowed: list[str]  # entries beat_schedule and PostgreSQL both define (the code's sent)
 
     def as_json(self) -> Row:
         payload = {**self.found.as_json(), "paused": self.paused, "tasks": self.tasks}
+        payload["entries_shadowed"] = self.shadowed
         payload["freshness"] = [freshness_row(f) for f in self.fresh]
         result: Row = ops.jsonable(payload)
         return result
@@ -72,22 +74,23 @@ def status(app: Celery, statements: Statements, *, skips: int = 10) -> StatusVie
     )
     view = controls.Target(statements.tables, found.namespace, ops.operator())
     paused = controls.pauses(statements, view)
-    fresh, note = freshness(app, statements)
-    return StatusView(found, paused, fresh, registered_tasks(app), note)
+    fresh, note, shadowed = freshness(app, statements)
+    return StatusView(found, paused, fresh, registered_tasks(app), note, shadowed)
 
 
-def freshness(app: Celery, statements: Statements) -> tuple[list[Freshness], str | None]:
+def freshness(app: Celery, statements: Statements) -> tuple[list[Freshness], str | None, list[str]]:
     """Entries with ``pglock_overdue_after``, overdue first; none without a PgLockScheduler.
-    The second value says why none are shown when the beat schedule did not load."""
+    The second value says why none are shown when the beat schedule did not load; the
+    third names the entries both ``beat_schedule`` and PostgreSQL define."""
     try:
-        schedule = Schedule(app)
+        schedule = Schedule(app, statements)
     except NotPgLockScheduler:
-        return [], None
+        return [], None, []
     except Exception as exc:  # noqa: BLE001 - an optional section never costs the status
-        return [], f"(freshness not shown: the beat schedule did not load: {exc})"
+        return [], f"(freshness not shown: the beat schedule did not load: {exc})", []
     settings = BeatSettings.from_app(app)
     fresh = entries_freshness(statements, settings, schedule.entries.values(), schedule.lock_name)
-    return fresh, None
+    return fresh, None, schedule.shadowed
 
 
 def why(

@@ -47,7 +47,7 @@ TASK = "cli.job"
 
 STATUS_KEYS = {"namespace", "schema", "table_prefix", "locks", "beat", "running", "skips"}
 STATUS_KEYS |= {"rogue_sends"}
-STATUS_KEYS |= {"freshness", "paused", "tasks", "waiting"}
+STATUS_KEYS |= {"freshness", "paused", "tasks", "waiting", "entries_shadowed"}
 LOCK_KEYS = {"lock", "key", "holder", "waiters", "concurrency", "held"}
 HOLDER_KEYS = {"host", "pid", "task_id", "scope", "slot", "token", "since", "backend_pid"}
 HOLDER_KEYS |= {"application_name", "client_addr", "user"}

@@ -281,3 +281,39 @@ def test_a_stored_entry_named_as_one_of_the_code_is_not_sent_and_a_warning_says_
 
     assert 1 == caplog.text.count("both in beat_schedule")
     assert [] == sent_slots(app, "code-entry")  # the code's, hourly, not yet due
+
+
+# -- the operator's commands see stored entries --------------------------------------------
+
+
+def cli(app: Celery, *args: str) -> Any:
+    from celery.bin.base import CLIContext  # noqa: PLC0415 - as the CLI tier does
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from celery_pglock.cli.command import pglock  # noqa: PLC0415
+
+    obj = CLIContext(app=app, no_color=True, workdir=None)
+    return CliRunner().invoke(pglock, list(args), obj=obj)
+
+
+def test_a_stored_entry_is_paused_triggered_and_explained_like_one_of_the_code(
+    app: Celery,
+) -> None:
+    """``pause``, ``trigger`` and ``why`` take a stored entry's name; ``why`` tells its
+    changes (the audit of the entry); ``status`` names an entry both places define."""
+    app.conf.beat_scheduler = "celery_pglock.beat:PgLockScheduler"
+    schedules.add(app, "stored-report", TASK, every="1h", by="ann")
+    schedules.add(app, "code-entry", TASK, every="1h")  # shadowed by beat_schedule's
+
+    paused = cli(app, "pause", "stored-report", "--reason", "maintenance", "--json")
+    assert 0 == paused.exit_code, paused.output
+    triggered = cli(app, "trigger", "stored-report", "--json")
+    assert 0 == triggered.exit_code, triggered.output
+    slot = json.loads(triggered.output)["slot"]
+    why = json.loads(cli(app, "why", "stored-report", slot, "--json").output)
+    assert {"entry_add", "pause", "trigger"} <= {row["action"] for row in why["audit"]}
+
+    status = cli(app, "status", "--json")
+    assert 0 == status.exit_code, status.output
+    assert ["code-entry"] == json.loads(status.output)["entries_shadowed"]
+    assert "SHADOWED ENTRIES (1)" in cli(app, "status").output
