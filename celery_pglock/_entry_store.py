@@ -109,17 +109,17 @@ def write(
 
 
 def remove(statements: Statements, target: Target, name: str) -> Entry:
-    """Remove entry ``name`` (beat sends nothing more of it); audited with what it was."""
+    """Remove entry ``name`` (beat sends nothing more of it); audited with what it was,
+    which it returns."""
     with statements.transaction():
         version = _next_version(statements, target)
-        params: dict[str, Any] = {"namespace": target.namespace, "name": name}
-        params |= {"version": version, "changed_by": target.actor}
-        row = statements.row("entry_remove", params)
-        if row is None:
+        before = get(statements, target.namespace, name)
+        if before is None:
             raise UnknownEntry(f"no entry {name!r} is stored in namespace {target.namespace!r}")
-        removed = Entry.from_row(row)
-        _audit(statements, target, "entry_remove", name, before=removed, after=None)
-    return removed
+        params: dict[str, Any] = {"namespace": target.namespace, "name": name}
+        statements.row("entry_remove", params | {"version": version, "changed_by": target.actor})
+        _audit(statements, target, "entry_remove", name, before=before, after=None)
+    return before
 
 
 def _next_version(statements: Statements, target: Target) -> int:

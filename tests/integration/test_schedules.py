@@ -173,14 +173,14 @@ def test_ensure_stores_once_and_changes_only_what_differs(
 def test_a_removed_entry_is_gone_and_audited_with_what_it_was(
     app: Celery, pg_dsn: str, pglock_schema: str
 ) -> None:
-    schedules.add(app, "report", TASK, every=60)
+    added = schedules.add(app, "report", TASK, every=60)
 
-    schedules.remove(app, "report", by="ann")
+    assert added == schedules.remove(app, "report", by="ann")  # what it was
 
     assert (None, []) == (schedules.get(app, "report"), schedules.entries(app))
     row = audit(pg_dsn, pglock_schema, app)[-1]
     assert ("entry_remove", None) == (row["action"], row["detail"]["after"])
-    assert 60.0 == row["detail"]["before"]["schedule"]["every"]
+    assert added.as_json() == row["detail"]["before"]
     assert schedules.add(app, "report", TASK, every=30).schedule == {"every": 30.0}
 
 
