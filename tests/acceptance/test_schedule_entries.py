@@ -96,68 +96,56 @@ def leader(lab: dict[str, Any]) -> Proc:
     return found[-1]
 
 
+def slots_after(lab: dict[str, Any], entry: str, moment: float, every: int) -> list[str]:
+    """``entry``'s slots that ran, due after ``moment`` (a time.time()), once one has;
+    each must fall on a boundary of ``every`` seconds."""
+    wait_until(
+        lambda: any(parse_slot(s).timestamp() > moment + 1 for s in runs_of(lab, entry)),
+        timeout=DEADLINE,
+        message=f"a slot of {entry} after its change",
+    )
+    after = [s for s in runs_of(lab, entry) if parse_slot(s).timestamp() > moment + 1]
+    assert all(0 == parse_slot(s).timestamp() % every for s in after), after
+    return after
+
+
 def test_entries_added_edited_and_removed_through_the_cli_run_each_slot_once(
     lab: dict[str, Any],
 ) -> None:
-    add(lab, "pulse", "--every", "2s")
-    wait_until(
-        lambda: runs_of(lab, "pulse"), timeout=DEADLINE, message="the added entry's first run"
-    )
-    first = runs_of(lab, "pulse")[0]
-    assert 0 == parse_slot(first).timestamp() % 2
-
-    cli(lab, "edit", "pulse", "--every", "5s")
-    edited_at = time.time()
-    wait_until(
-        lambda: any(parse_slot(s).timestamp() > edited_at + 1 for s in runs_of(lab, "pulse")),
-        timeout=DEADLINE,
-        message="a slot after the edit",
-    )
-    after = [s for s in runs_of(lab, "pulse") if parse_slot(s).timestamp() > edited_at + 1]
-    assert all(0 == parse_slot(s).timestamp() % 5 for s in after), after
-
-    listed = json.loads(cli(lab, "list", "--json"))
-    assert [("pulse", {"every": 5.0})] == [(e["name"], e["schedule"]) for e in listed]
-
-    cli(lab, "rm", "pulse")
-    removed_at = datetime.now(timezone.utc)
-    ran = len(runs_of(lab, "pulse"))
-    quiet_until = removed_at + timedelta(seconds=16)  # three intervals of 5 s, and one more
-    wait_until(lambda: datetime.now(timezone.utc) > quiet_until, timeout=30, interval=0.5)
-    late = [
-        s for s in runs_of(lab, "pulse")[ran:] if parse_slot(s) > removed_at + timedelta(seconds=1)
-    ]
-    assert [] == late
-
-    slots = runs_of(lab, "pulse")
-    assert len(slots) == len(set(slots)), Counter(slots)  # each slot ran once
-    assert {1} == set(senders(lab, "pulse").values())  # claimed by one replica each
-
-
-def test_a_one_off_runs_once_and_an_edit_during_a_leader_kill_is_sent_in_its_new_form(
-    lab: dict[str, Any],
-) -> None:
-    at = (datetime.now(timezone.utc) + timedelta(seconds=6)).replace(microsecond=0)
+    """One timeline, the entries side by side: ``pulse`` added (2 s), edited (5 s),
+    removed; ``steady`` (3 s) edited (4 s) while its leader is SIGKILLed; ``once`` at a
+    time. Every slot runs once, claimed by one replica."""
+    at = (datetime.now(timezone.utc) + timedelta(seconds=8)).replace(microsecond=0)
     add(lab, "once", "--at", at.isoformat())
+    add(lab, "pulse", "--every", "2s")
     add(lab, "steady", "--every", "3s")
     wait_until(
-        lambda: runs_of(lab, "steady"), timeout=DEADLINE, message="the steady entry's first run"
+        lambda: runs_of(lab, "pulse") and runs_of(lab, "steady"),
+        timeout=DEADLINE,
+        message="the added entries' first runs",
     )
+    assert 0 == parse_slot(runs_of(lab, "pulse")[0]).timestamp() % 2
 
-    old = leader(lab)
-    old.kill()
+    cli(lab, "edit", "pulse", "--every", "5s")
+    slots_after(lab, "pulse", time.time(), 5)
+    listed = json.loads(cli(lab, "list", "--json"))
+    assert {"pulse": {"every": 5.0}} == {
+        e["name"]: e["schedule"] for e in listed if e["name"] == "pulse"
+    }
+
+    leader(lab).kill()
     cli(lab, "edit", "steady", "--every", "4s")
     edited_at = time.time()
-    wait_until(
-        lambda: any(parse_slot(s).timestamp() > edited_at + 1 for s in runs_of(lab, "steady")),
-        timeout=DEADLINE,
-        message="a slot of the edited entry after the leader's death",
-    )
-    after = [s for s in runs_of(lab, "steady") if parse_slot(s).timestamp() > edited_at + 1]
-    assert all(0 == parse_slot(s).timestamp() % 4 for s in after), after
+    cli(lab, "rm", "pulse")
+    removed_at = datetime.now(timezone.utc)
+    slots_after(lab, "steady", edited_at, 4)  # sent by the new leader in its new form
 
-    wait_until(lambda: runs_of(lab, "once"), timeout=DEADLINE, message="the one-off")
-    wait_until(lambda: time.time() > at.timestamp() + 8, timeout=30, interval=0.5)
+    quiet_until = removed_at + timedelta(seconds=16)  # three intervals of 5 s, and one more
+    wait_until(lambda: datetime.now(timezone.utc) > quiet_until, timeout=30, interval=0.5)
+    late = [s for s in runs_of(lab, "pulse") if parse_slot(s) > removed_at + timedelta(seconds=1)]
+    assert [] == late
     assert [at.strftime("%Y-%m-%dT%H:%M:%SZ")] == runs_of(lab, "once")
-    steady = runs_of(lab, "steady")
-    assert len(steady) == len(set(steady)), Counter(steady)
+    for entry in ("pulse", "steady"):
+        slots = runs_of(lab, entry)
+        assert len(slots) == len(set(slots)), Counter(slots)  # each slot ran once
+        assert {1} == set(senders(lab, entry).values())  # claimed by one replica each
