@@ -19,8 +19,9 @@ from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
 from celery_pglock._config import app_settings
-from celery_pglock._dsn import check_dsn
+from celery_pglock._dsn import check_dsn, redact
 from celery_pglock._entry_specs import SEND_OPTIONS
+from celery_pglock.errors import ConfigurationError, StatementFailed
 from celery_pglock.store.statements import opened
 
 Imported = tuple[str, dict[str, Any], str | None]  # name, what it becomes, why not
@@ -45,16 +46,23 @@ def from_redbeat(app: Celery, url: str | None) -> list[Imported]:
     """RedBeat's entries: each key of its schedule, its JSON definition (no RedBeat code
     needed). ``url``: the Redis RedBeat uses (default: ``redbeat_redis_url``, else the
     broker's)."""
-    import redis  # noqa: PLC0415 - only for this import
-
+    try:
+        import redis  # noqa: PLC0415 - only for this import
+    except ImportError:
+        raise ConfigurationError("--from redbeat reads Redis: pip install redis") from None
     where = url or app.conf.get("redbeat_redis_url") or app.conf.broker_url
     prefix = app.conf.get("redbeat_key_prefix") or REDBEAT_PREFIX
-    client = redis.Redis.from_url(where)
     try:
-        keys: list[Any] = list(client.zrange(prefix + ":schedule", 0, -1))  # key names
-        definitions = [client.hget(key, "definition") for key in keys]
-    finally:
-        client.close()
+        client = redis.Redis.from_url(where)
+        try:
+            keys: list[Any] = list(client.zrange(prefix + ":schedule", 0, -1))  # key names
+            definitions = [client.hget(key, "definition") for key in keys]
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        raise ConfigurationError(
+            f"cannot read RedBeat's entries from Redis ({redact(where)}): {redact(str(exc))}"
+        ) from None
     return [_redbeat_entry(json.loads(raw)) for raw in definitions if raw]
 
 
@@ -65,7 +73,13 @@ def from_django(app: Celery, dsn: str | None) -> list[Imported]:
     if dsn:
         settings = dataclasses.replace(settings, dsn=check_dsn(dsn))
     with opened(settings) as statements:
-        rows = statements.rows("import_django_entries")
+        try:
+            rows = statements.rows("import_django_entries")
+        except StatementFailed as exc:
+            raise ConfigurationError(
+                f"no django-celery-beat tables to read ({exc}): give the Django database's "
+                "DSN, with ?options=-csearch_path%3Dschema if they live in another schema"
+            ) from None
     return [_django_entry(row) for row in rows]
 
 

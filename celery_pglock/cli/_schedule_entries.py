@@ -150,14 +150,14 @@ def import_(
     default pglock_dsn), RedBeat's Redis URL (``--from redbeat``, default
     redbeat_redis_url or the broker)."""
     app = current_app(ctx)
-    with reported_errors():
-        found = _read(app, source, where)
     failed = 0
-    for name, spec, unreadable in found:
-        problem = unreadable or _import_one(app, name, spec, dry_run=dry_run, **who)
-        failed += problem is not None
-        outcome = f"NOT CARRIED OVER: {problem}" if problem else _spec_text(spec)
-        click.echo(f"{name}: {outcome}")
+    with reported_errors():  # an outage half-way: said in one line, the exit code its
+        found = _read(app, source, where)
+        for name, spec, unreadable in found:
+            problem = unreadable or _import_one(app, name, spec, dry_run=dry_run, **who)
+            failed += problem is not None
+            outcome = f"NOT CARRIED OVER: {problem}" if problem else _spec_text(spec)
+            click.echo(f"{name}: {outcome}")
     verb = "would be stored" if dry_run else "stored"
     click.echo(f"\n{len(found) - failed} of {len(found)} entries {verb}", err=True)
     if failed:

@@ -197,3 +197,16 @@ def test_an_export_is_imported_back_as_it_was(app: Celery, tmp_path: Path) -> No
     assert 0 == done.exit_code, done.output
     assert before == {e.name: e.values() for e in schedules.entries(app)}
     assert "ping" == json.loads(path.read_text())[0]["name"]
+
+
+def test_a_source_that_cannot_be_read_is_one_clear_line_never_a_password(app: Celery) -> None:
+    """An unreachable Redis (its password hidden) or a database without django-celery-beat's
+    tables: one line naming what to fix, exit status 2, nothing stored."""
+    unreachable = invoke(app, "import", "--from", "redbeat", "redis://:s3cret@127.0.0.1:1/0")
+    no_tables = invoke(app, "import", "--from", "django")
+
+    assert (2, 2) == (unreachable.exit_code, no_tables.exit_code), unreachable.output
+    assert "cannot read RedBeat's entries from Redis" in unreachable.output
+    assert "s3cret" not in unreachable.output
+    assert "no django-celery-beat tables to read" in no_tables.output
+    assert {} == stored(app)
