@@ -4,12 +4,13 @@ The first ticks start the replica: they reach PostgreSQL, waiting for it while i
 (``startup``: a WARNING per failed attempt, backing off to 30 s, beat sleeping between
 ticks as usual), and start the leader election; a misconfiguration stops beat with one
 line and exit status 1. Every later tick, in order: a standby sends nothing; the leader
-(or, with ``pglock_beat_leader = False``, every replica) asks the planner for the due
-slots (``planner``), claims all of them in one round trip (``claims``), and publishes only
-what it claimed, with the slot in the ``pglock_slot`` header, confirming the sends in small
-batches as they go (``sending``); then it re-sends claims never confirmed, sweeps rows dead
-attempts left running, and prunes the ledger (``retention``). A new leader first re-sends,
-at once, every claim a stopped or dead leader left unconfirmed. Stopped mid-tick (SIGTERM:
+(or, with ``pglock_beat_leader = False``, every replica) reads the changes of the entries
+stored in PostgreSQL (``stored``), asks the planner for the due slots (``planner``),
+claims all of them in one round trip (``claims``), and publishes only what it claimed,
+with the slot in the ``pglock_slot`` header, confirming the sends in small batches as
+they go (``sending``); then it re-sends claims never confirmed, sweeps rows dead attempts
+left running, and prunes the ledger (``retention``). A new leader first re-sends, at
+once, every claim a stopped or dead leader left unconfirmed. Stopped mid-tick (SIGTERM:
 Celery's handler closes the scheduler and raises SystemExit inside the tick, held till the
 message or batch in flight is on the broker and confirmed), the replica sends the rest of
 the tick first (up to ``STOP_FINISH_WITHIN``; a second stop: at once) and confirms what it

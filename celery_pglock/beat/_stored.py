@@ -1,9 +1,10 @@
 """The schedule entries stored in PostgreSQL (``celery_pglock.schedules``), as a beat
 replica holds them beside its own.
 
-Each tick the leader reads one number, the namespace's newest change; only when it moved
-does it read the entries changed since (added, edited, removed), so a tick costs no more
-with 100,000 entries than with ten. A replica that starts leading reads them all first.
+The leader reads one number at its ticks (at most every ``ENTRY_CHECK_EVERY``), the
+namespace's newest change; only when it moved does it read the entries changed since
+(added, edited, removed), so a tick costs no more with 100,000 entries than with ten. A
+replica that starts leading reads them all first.
 An entry's change takes effect at once: its next slot follows its new schedule, and a
 removed one sends nothing more. A name also in ``beat_schedule`` is the code's: the
 stored one is not sent, and a WARNING says so once.
