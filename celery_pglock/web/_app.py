@@ -240,7 +240,19 @@ class Dashboard:
         """The schedule entries stored in PostgreSQL, and a form to add or change one."""
         found = schedules.entries(self.app)
         editing = next((e for e in found if e.name == request.args.get("edit")), None)
-        return self.page(request, urls, identity, "stored.html", entries=found, editing=editing)
+        # As text the template escapes: JSON in an attribute must not end it early.
+        as_text = {}
+        if editing is not None:
+            as_text = {"args": json.dumps(editing.args), "kwargs": json.dumps(editing.kwargs)}
+        return self.page(
+            request,
+            urls,
+            identity,
+            "stored.html",
+            entries=found,
+            editing=editing,
+            editing_json=as_text,
+        )
 
     def on_style(self, request: Request, urls: MapAdapter, identity: Identity) -> Response:
         text = resources.files("celery_pglock.web").joinpath("static/style.css").read_text()

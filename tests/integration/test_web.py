@@ -4,6 +4,7 @@ the page it leads to shows."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -134,3 +135,22 @@ def test_a_stored_entry_is_added_changed_and_removed_from_the_dashboard_audited(
     assert "none stored" in client.get("/stored").get_data(as_text=True)
     for action in ("entry_add", "entry_edit", "entry_remove"):
         assert 1 == audited(pg_dsn, pglock_schema, action)
+
+
+def test_a_stored_entry_s_hostile_arguments_stay_inside_the_edit_form(
+    pg_dsn: str, pglock_schema: str
+) -> None:
+    """Arguments holding quotes and markup are shown in the edit form as text: they never
+    end the attribute they are in (no markup of theirs reaches the page)."""
+    board, client = dashboard(pg_dsn, pglock_schema)
+    hostile = '" autofocus onfocus="alert(1)'
+    form = {"name": "evil", "task": "webapp.tick", "every": "1h", "force": "on"}
+    args = json.dumps([hostile, "</script><script>alert(2)</script>"])
+    form |= {"args": args, "enabled": "on"}
+    assert 303 == post(board, client, "entry_add", "confirm", **form).status_code
+
+    page = client.get("/stored?edit=evil").get_data(as_text=True)
+
+    assert 'onfocus="alert(1)' not in page
+    assert "<script>alert(2)" not in page
+    assert "autofocus onfocus=&#34;alert(1)" in page.replace("\\&#34;", "&#34;")
