@@ -102,8 +102,9 @@ def test_arguments_that_are_not_json_or_too_large_are_refused(
         specs.arguments(args, kwargs)
 
 
-def test_arguments_given_as_json_text_are_read() -> None:
+def test_arguments_given_as_json_text_or_a_tuple_are_read() -> None:
     assert ([1, "a"], {"to": "ops"}) == specs.arguments('[1, "a"]', '{"to": "ops"}')
+    assert ([1, "a"], {}) == specs.arguments((1, "a"), None)  # as beat_schedule writes them
 
 
 @pytest.mark.parametrize(
