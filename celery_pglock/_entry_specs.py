@@ -35,8 +35,8 @@ PGLOCK_OPTIONS = {
     "catch_up_limit": "pglock_catch_up_limit",
     "overdue_after": "pglock_overdue_after",
 }
-_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def every_seconds(value: Any) -> float:
@@ -50,8 +50,8 @@ def every_seconds(value: Any) -> float:
         if found is None:
             raise _bad("every", value, "a number of seconds > 0, or 30s, 5m, 2h, 1d")
         seconds = float(found.group(1)) * _UNIT_SECONDS[found.group(2) or "s"]
-    if not seconds > 0:
-        raise _bad("every", value, "an interval > 0")
+    if not seconds >= 1:  # a slot is a whole second: two in one second would be one slot
+        raise _bad("every", value, "an interval of at least 1 s")
     return seconds
 
 

@@ -30,6 +30,8 @@ def test_an_interval_is_read_in_seconds_or_with_a_unit(given: Any, seconds: floa
     ("given", "field"),
     [
         ({"every": 0}, "every"),
+        ({"every": 0.5}, "at least 1 s"),
+        ({"every": "500ms"}, "every"),
         ({"every": "-5s"}, "every"),
         ({"every": "soon"}, "every"),
         ({"every": True}, "every"),
