@@ -56,6 +56,8 @@ class BeatClaims:
                 "lock_names": [d.lock_name for d in due],
                 "keys": [lock_key(d.lock_name) for d in due],
                 "tasks": [d.entry.task for d in due],
+                # A stored entry may be disabled: its slots are then recorded paused.
+                "stored": [bool(getattr(d.entry, "stored", False)) for d in due],
             },
         )
         return Claimed(

@@ -30,16 +30,20 @@ logger = logging.getLogger("celery_pglock.beat")
 
 @dataclass(frozen=True)
 class Window:
-    """When a stored entry may send, read by the planner as django-celery-beat's model."""
+    """When a stored entry may send, read by the planner as django-celery-beat's model
+    (switched on: a disabled one's slots are recorded paused by the claim instead)."""
 
-    enabled: bool
     start_time: datetime | None
     expires: datetime | None
+    enabled: bool = True
 
 
 class StoredEntry(ScheduleEntry):
     """A Celery schedule entry stored in PostgreSQL; its ``model`` (kept by ``next``, as
-    every attribute) is its window."""
+    every attribute) is its window. Disabled, its slots are still claimed, and recorded
+    ``paused`` (``beat_claim``), as a paused entry's are: ``runs`` and ``why`` show them."""
+
+    stored = True
 
     def __init__(self, *args: Any, model: Window | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -89,7 +93,7 @@ class StoredEntries:
             options=options,
             last_run_at=now,
             app=self.app,
-            model=Window(entry.enabled, entry.starts_at, entry.ends_at),
+            model=Window(entry.starts_at, entry.ends_at),
         )
 
     def _warn_if_shadowed(self, name: str, code: Collection[str]) -> None:

@@ -5,14 +5,18 @@
 -- come back, and only those are sent. The run ledger gets a `scheduled` row too, so an
 -- operator sees a slot that was sent but never ran. A slot of a paused entry is claimed
 -- like any other but comes back `paused`: not sent, its row recorded `paused` with who
--- paused the entry and why.
+-- paused the entry and why. So is a slot of an entry stored in PostgreSQL and disabled
+-- (%(stored)s: which entries beat sends are the stored ones, not the code's namesakes).
 WITH wanted AS (
-    SELECT w.*, p.entry IS NOT NULL AS paused,
-           'paused by ' || p.paused_by || coalesce(': ' || p.reason, '') AS pause_reason
+    SELECT w.*, p.entry IS NOT NULL OR e.name IS NOT NULL AS paused,
+           coalesce('paused by ' || p.paused_by || coalesce(': ' || p.reason, ''),
+                    'disabled by ' || e.changed_by) AS pause_reason
       FROM unnest(%(entries)s::text[], %(slots)s::text[], %(lock_names)s::text[],
-                  %(keys)s::bigint[], %(tasks)s::text[])
-           AS w(entry, slot, lock_name, lock_key, task_name)
+                  %(keys)s::bigint[], %(tasks)s::text[], %(stored)s::boolean[])
+           AS w(entry, slot, lock_name, lock_key, task_name, stored)
       LEFT JOIN {pauses} p ON p.namespace = %(namespace)s AND p.entry = w.entry
+      LEFT JOIN {entries} e ON w.stored AND e.namespace = %(namespace)s AND e.name = w.entry
+                               AND NOT e.enabled AND NOT e.removed
 ), claimed AS (
     INSERT INTO {beat_sends} (namespace, entry, slot, lock_name, sent_by, paused)
     SELECT %(namespace)s, entry, slot, lock_name, %(replica)s, paused FROM wanted

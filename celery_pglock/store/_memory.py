@@ -79,6 +79,8 @@ class Rows:
     beat: dict[tuple[str, str], Row] = field(default_factory=dict)
     skips: list[Row] = field(default_factory=list)
     pauses: dict[tuple[str, str], Row] = field(default_factory=dict)
+    # Stored entries switched off (schedules), by (namespace, entry): who switched them.
+    disabled: dict[tuple[str, str], str] = field(default_factory=dict)
     audit: list[Row] = field(default_factory=list)
     holders: dict[int, Row] = field(default_factory=dict)  # by lock key (``grant_lock``)
     waiting: dict[str, Row] = field(default_factory=dict)  # by lock name (``buffer_one``)
@@ -184,6 +186,10 @@ class InMemoryStatements:
         row |= {"paused": False} | columns
         self.data.sends[(namespace, entry, slot)] = row
         return row
+
+    def add_disabled(self, namespace: str, entry: str, by: str) -> None:
+        """A stored entry switched off (``schedules.update(..., enabled=False)``)."""
+        self.data.disabled[(namespace, entry)] = by
 
     def add_skip(self, lock_name: str, slot: str | None, reason: str, **columns: Any) -> Row:
         """A skip of (lock name, slot) (``columns``: who skipped)."""
@@ -332,13 +338,14 @@ class InMemoryStatements:
 
     def _beat_claim(self, p: Params) -> list[Row]:
         namespace, replica = p["namespace"], p["replica"]
-        wanted = zip(p["entries"], p["slots"], p["lock_names"], p["keys"], p["tasks"], strict=True)
+        stored = p.get("stored") or [False] * len(p["entries"])
+        wanted = zip(p["entries"], p["slots"], p["lock_names"], p["tasks"], stored, strict=True)
         claimed = []
-        for entry, slot, lock_name, _, task_name in wanted:
+        for entry, slot, lock_name, task_name, is_stored in wanted:
             if (namespace, entry, slot) in self.data.sends:
                 continue  # ON CONFLICT DO NOTHING: another replica's claim, or a repeat
-            pause = self.data.pauses.get((namespace, entry))
-            paused = pause is not None
+            reason = self._why_not_sent(namespace, entry, stored=is_stored)
+            paused = reason is not None
             self.add_send(
                 namespace, entry, slot, lock_name=lock_name, sent_by=replica, paused=paused
             )
@@ -347,9 +354,17 @@ class InMemoryStatements:
                 continue
             made = {"entry": entry, "sent_by": replica, "task_name": task_name}
             run = self.add_run(lock_name, slot, "scheduled", **made, scheduled_at=self.now)
-            if pause is not None:
-                run.update(state="paused", reason=_pause_reason(pause), finished_at=self.now)
+            if reason is not None:
+                run.update(state="paused", reason=reason, finished_at=self.now)
         return claimed
+
+    def _why_not_sent(self, namespace: str, entry: str, *, stored: bool) -> str | None:
+        """Why a claimed slot is not sent: its entry paused, or (a stored one) disabled."""
+        pause = self.data.pauses.get((namespace, entry))
+        if pause is not None:
+            return _pause_reason(pause)
+        disabled_by = self.data.disabled.get((namespace, entry)) if stored else None
+        return f"disabled by {disabled_by}" if disabled_by is not None else None
 
     def _beat_confirm(self, p: Params) -> list[Row]:
         namespace = p["namespace"]

@@ -30,6 +30,7 @@ class Seeds(Protocol):
     def run(self, lock_name: str, slot: str, state: str, **columns: Any) -> None: ...
     def send(self, namespace: str, entry: str, slot: str, **columns: Any) -> None: ...
     def skip(self, lock_name: str, slot: str, reason: str) -> None: ...
+    def disabled(self, namespace: str, entry: str, by: str) -> None: ...
 
 
 @dataclass
@@ -51,6 +52,9 @@ class TwinSeeds:
 
     def skip(self, lock_name: str, slot: str, reason: str) -> None:
         self.twin.add_skip(lock_name, slot, reason)
+
+    def disabled(self, namespace: str, entry: str, by: str) -> None:
+        self.twin.add_disabled(namespace, entry, by)
 
 
 class PostgresSeeds:
@@ -79,6 +83,10 @@ class PostgresSeeds:
 
     def skip(self, lock_name: str, slot: str, reason: str) -> None:
         self._insert("skips", {"lock_name": lock_name, "slot": slot, "reason": reason})
+
+    def disabled(self, namespace: str, entry: str, by: str) -> None:
+        row = {"namespace": namespace, "name": entry, "task": "tasks.x", "enabled": False}
+        self._insert("entries", row | {"schedule": {"every": 60}, "version": 1, "changed_by": by})
 
 
 @pytest.fixture(params=["twin", pytest.param("postgres", marks=pytest.mark.integration)])

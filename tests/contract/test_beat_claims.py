@@ -25,6 +25,7 @@ SLOTS = ["2026-12-04T10:00:00Z", "2026-12-04T10:01:00Z"]
 class Entry:
     name: str
     task: str
+    stored: bool = False  # an entry stored in PostgreSQL (beat's StoredEntry), not the code's
 
 
 def replica(store: Store, name: str) -> BeatClaims:
@@ -68,6 +69,24 @@ def test_a_paused_entry_s_slot_is_recorded_paused_with_who_and_why(store: Store)
     assert row is not None
     assert (row["state"], row["reason"]) == ("paused", "paused by ann@host: disk full")
     assert replica(store, "b:2").unconfirmed(at_once=True) == []  # never sent, never resent
+
+
+def test_a_disabled_stored_entry_s_slot_is_recorded_paused_and_its_code_namesake_sent(
+    store: Store,
+) -> None:
+    """A stored entry switched off is paused as a paused one is: its slot claimed, not
+    sent, recorded paused with who switched it off. The code's entry of that name is sent."""
+    store.seed.disabled(NS, "bill", "web:ann")
+    [first] = due("bill", BILL, SLOTS[0])
+
+    found = replica(store, "a:1").claim([first._replace(entry=Entry("bill", "tasks.bill", True))])
+    code = replica(store, "a:1").claim(due("bill", BILL, SLOTS[1]))
+
+    assert (found.send, found.paused) == (set(), {("bill", SLOTS[0])})
+    row = controls.run_row(store.statements, BILL, SLOTS[0])
+    assert row is not None
+    assert (row["state"], row["reason"]) == ("paused", "disabled by web:ann")
+    assert (code.send, code.paused) == ({("bill", SLOTS[1])}, set())
 
 
 def test_confirmation_moves_an_entry_s_last_slot_forward_only(store: Store) -> None:

@@ -317,3 +317,25 @@ def test_a_stored_entry_is_paused_triggered_and_explained_like_one_of_the_code(
     assert 0 == status.exit_code, status.output
     assert ["code-entry"] == json.loads(status.output)["entries_shadowed"]
     assert "SHADOWED ENTRIES (1)" in cli(app, "status").output
+
+
+def test_a_disabled_stored_entry_sends_nothing_its_slots_recorded_paused(
+    app: Celery, beat: PgLockScheduler, pg_dsn: str, pglock_schema: str
+) -> None:
+    """Switched off, a stored entry is paused as a paused one is: its slots are claimed
+    and recorded ``paused`` (who switched it off), never sent; switched on, it sends."""
+    schedules.add(app, "quiet", TASK, every="1s", enabled=False, by="ann")
+    query = sql.SQL("SELECT state, reason FROM {} WHERE entry = 'quiet'").format(
+        Tables(pglock_schema).table("runs")
+    )
+
+    def paused_rows() -> list[tuple[str, str]]:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            return conn.execute(query).fetchall()
+
+    tick_until(beat, lambda: len(paused_rows()) >= 2, "two slots recorded paused")
+    assert {("paused", "disabled by ann")} == set(paused_rows())
+    assert [] == sent_slots(app, "quiet")
+
+    schedules.update(app, "quiet", enabled=True)
+    tick_until(beat, lambda: sent_slots(app, "quiet"), "a slot sent once switched on")
