@@ -125,8 +125,12 @@ class SlotPlanner:
         name, align = entry.name, self.settings.align_intervals
         if name not in self.last_slot:
             # Seen for the first time: go on from the last slot sent, or, for an entry never
-            # sent, do not fire a past occurrence (like stock beat).
+            # sent, do not fire a past occurrence (like stock beat). But a one-off's only
+            # occurrence is never taken as past: seen first by a leader elected after its
+            # time (a failover), it is sent within the grace, or reported missed.
             seed = slots.slot_for(entry.schedule, now, align_intervals=align)
+            if isinstance(entry.schedule, slots.Once):
+                seed = None
             stored = self._stored_slots.get(name) if seed else None
             self.last_slot[name] = stored or seed or ""
         slot, wait = slots.due_state(

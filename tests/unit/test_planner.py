@@ -93,7 +93,6 @@ def test_a_changed_entry_is_read_at_the_next_tick_and_a_removed_one_never(app: C
     assert read + 1 == looks.looked  # e1 read again; e2, gone, not
 
 
-@pytest.mark.xfail(strict=True, reason="a one-off first seen after its time is taken as past")
 def test_a_one_off_first_seen_after_its_time_is_sent_within_the_grace(app: Celery) -> None:
     """A leader elected just after a one-off's time (a failover) still sends it: its only
     slot is never taken for a past occurrence; one older than the grace is missed."""
