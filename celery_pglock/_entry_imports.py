@@ -20,7 +20,7 @@ from celery.schedules import crontab, schedule, solar
 
 from celery_pglock._config import app_settings
 from celery_pglock._dsn import check_dsn, redact
-from celery_pglock._entry_specs import SEND_OPTIONS
+from celery_pglock._entry_specs import PGLOCK_OPTIONS, SEND_OPTIONS
 from celery_pglock.errors import ConfigurationError, StatementFailed
 from celery_pglock.store.statements import opened
 
@@ -109,12 +109,16 @@ def _celery_schedule(given: Any, spec: dict[str, Any]) -> str | None:
 
 
 def _options(raw: Mapping[str, Any], spec: dict[str, Any]) -> str | None:
-    """The send options of an entry (its ``options``, or beside them) into ``spec``."""
+    """The send options of an entry (its ``options``, or beside them) into ``spec``, and
+    the library's per-entry ones (``pglock_catch_up``…) as the stored entry names them."""
     options = dict(raw.get("options") or {})
     options |= {key: raw[key] for key in SEND_OPTIONS if key in raw}
     for key in SEND_OPTIONS:
         if options.get(key) is not None:
             spec[key] = options.pop(key)
+    for field, option in PGLOCK_OPTIONS.items():
+        if option in options:
+            spec[field] = options.pop(option)
     left = sorted(set(options) | (set(raw) - {"args", "kwargs", "options", *SEND_OPTIONS}))
     if "enabled" in left:
         spec["enabled"] = bool(raw.get("enabled"))

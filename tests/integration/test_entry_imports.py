@@ -63,7 +63,11 @@ def test_beat_schedule_is_listed_dry_then_stored_and_what_has_no_stored_form_is_
     app: Celery,
 ) -> None:
     app.conf.beat_schedule = {
-        "every-10s": {"task": "proj.ping", "schedule": 10.0, "options": {"queue": "fast"}},
+        "every-10s": {
+            "task": "proj.ping",
+            "schedule": 10.0,
+            "options": {"queue": "fast", "pglock_catch_up": "latest"},
+        },
         "nightly": {"task": "proj.close", "schedule": crontab(minute=0, hour=2), "args": [1]},
         "odd": {"task": "proj.odd", "schedule": 60.0, "relative": True},
     }
@@ -83,9 +87,8 @@ def test_beat_schedule_is_listed_dry_then_stored_and_what_has_no_stored_form_is_
         "every-10s": ("proj.ping", {"every": 10.0}),
         "nightly": ("proj.close", {"cron": "0 2 * * *"}),
     } == stored(app)
-    assert {"queue": "fast"} == next(
-        e.options for e in schedules.entries(app) if e.name == "every-10s"
-    )
+    [ping] = [e for e in schedules.entries(app) if e.name == "every-10s"]
+    assert ({"queue": "fast"}, {"catch_up": "latest"}) == (ping.options, ping.pglock)
 
 
 def test_redbeat_s_entries_are_read_from_its_keys(app: Celery) -> None:
