@@ -81,6 +81,12 @@ class StreamingReplica(EmbeddedPostgres):
         backup = [str(self.bin_dir / "pg_basebackup"), "-D", str(self.datadir)]
         backup += ["-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres"]
         _run([*backup, "-X", "stream", "-R", "--checkpoint=fast", "--no-sync"], self._account)
+        # The copy holds the primary's socket lock files (the socket lives in the datadir):
+        # stale here, but on the primary's port (a new standby taking a lost primary's
+        # seat) one naming a pid that still exists, a zombie init has not reaped yet,
+        # makes the server refuse to start.
+        for stale in self.datadir.glob(".s.PGSQL.*"):
+            stale.unlink(missing_ok=True)
         self._write_auto_conf({"primary_conninfo": self._primary_conninfo()})
 
     def _primary_conninfo(self) -> str:
