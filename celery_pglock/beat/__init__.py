@@ -5,9 +5,10 @@
 - ``PgLockScheduler`` is a complete scheduler whose state lives in PostgreSQL
   (``celery beat -S pglock``).
 
-The modules, in the order a tick uses them: ``scheduler`` (the tick), ``leader`` (which
-replica sends), ``planner`` (which slots are due), ``claims`` (claim before sending,
-confirm after), with ``settings`` read once at start-up.
+The modules (private), in the order a tick uses them: ``_scheduler`` (the tick),
+``_leader`` (which replica sends), ``_stored`` (the entries stored in PostgreSQL),
+``_planner`` (which slots are due), ``_claims`` (claim before sending), ``_sending``
+(confirm after), with ``_settings`` read once at start-up.
 """
 
 from __future__ import annotations
