@@ -81,9 +81,9 @@ class InMemoryServer:
         return self.locks.holds(session.pid, key)
 
     def terminate(self, session: InMemorySession) -> None:
-        """End ``session`` as ``pg_terminate_backend`` does."""
+        """End ``session`` as ``pg_terminate_backend`` does (a test's own hand)."""
         with self.guard:
-            self.end(session, TERMINATED)
+            self._terminate(session.pid)
 
     def end(self, session: InMemorySession, cause: str) -> None:
         """The session ends: its transaction rolls back and its locks are free."""
