@@ -222,7 +222,9 @@ GATE = threading.Event()  # holds the in-process task body until the test opens 
 
 
 def locked_app(dsn: str, schema: str, redis_url: str, **conf: Any) -> Celery:
-    """An in-process app: one locked task that waits for GATE, a 1 s lease."""
+    """An in-process app: one locked task that waits for GATE. A 10 s lease: a lost lock
+    here comes from the operator's release, never from a heartbeat late on a busy machine
+    (with 1 s, a loaded run's holder lost it by its lease before the release)."""
     app = Celery("sigapp", set_as_current=False)
     app.conf.update(
         broker_url=redis_url,
@@ -231,7 +233,7 @@ def locked_app(dsn: str, schema: str, redis_url: str, **conf: Any) -> Celery:
         pglock_dsn=dsn,
         pglock_schema=schema,
         pglock_namespace=schema,
-        pglock_lease=1.0,
+        pglock_lease=10.0,
         **conf,
     )
 
