@@ -281,6 +281,33 @@ def empty_broker(default: str) -> str:
     return broker
 
 
+@dataclass(frozen=True)
+class Target:
+    """A row of docs/benchmarks.md's targets table."""
+
+    measure: str
+    target: str
+    result: str
+    met: bool | None  # None: not measured in this run
+
+    def row(self) -> list[str]:
+        verdict = {True: "met", False: "**missed**", None: "not measured"}[self.met]
+        return [self.measure, self.target, self.result, verdict]
+
+
+def write_section(
+    docs: Path, title: str, lines: Sequence[str], row_prefix: str, targets: Sequence[Target]
+) -> None:
+    """Replace (or add) the ``## title`` section of ``docs`` and, in its targets table, the
+    rows starting with ``row_prefix`` (e.g. ``"| 9. "``): a benchmark run alone."""
+    text = replace_section(docs.read_text(), title, lines)
+    kept = [line for line in text.splitlines() if not line.startswith(row_prefix)]
+    rows = [f"| {' | '.join(t.row())} |" for t in targets]
+    start = kept.index("| measure | target | result |  |")
+    end = next(i for i in range(start, len(kept)) if not kept[i].startswith("|"))
+    docs.write_text("\n".join([*kept[:end], *rows, *kept[end:]]).rstrip("\n") + "\n")
+
+
 def replace_section(text: str, title: str, lines: Sequence[str]) -> str:
     """``text`` (a markdown page) with its ``## title`` section replaced by ``lines``, or
     with the section added at the end."""

@@ -51,6 +51,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from benchmarks import common
+from benchmarks.common import Target
 from celery_pglock.store._database import close_all
 from celery_pglock.testing._replication import StreamingReplica
 from celery_pglock.testing.embedded import EmbeddedPostgres
@@ -99,21 +100,6 @@ FIRST_CLAIM_SQL = (
     "to_timestamp(%s) ORDER BY claimed_at LIMIT 1"
 )
 STARTED_SQL = "SELECT started FROM {} WHERE task_id = %s"
-
-
-@dataclass(frozen=True)
-class Target:
-    """A row of the docs' targets table (``benchmarks.report.Target``'s fields; that module
-    imports every contender of the overhead benchmark, celery-once included)."""
-
-    measure: str
-    target: str
-    result: str
-    met: bool | None
-
-    def row(self) -> list[str]:
-        verdict = {True: "met", False: "**missed**", None: "not measured"}[self.met]
-        return [self.measure, self.target, self.result, verdict]
 
 
 @dataclass
@@ -486,12 +472,7 @@ def machine(broker: str, load: common.LoadWindow) -> str:
 
 def write(lines: list[str], new_targets: list[Target]) -> None:
     """Replace (or add) this section and its rows of the targets table in the docs."""
-    text = common.replace_section(DOCS.read_text(), TITLE, lines)
-    kept = [line for line in text.splitlines() if not line.startswith("| 9. ")]
-    rows = [f"| {' | '.join(t.row())} |" for t in new_targets]
-    start = kept.index("| measure | target | result |  |")
-    end = next(i for i in range(start, len(kept)) if not kept[i].startswith("|"))
-    DOCS.write_text("\n".join([*kept[:end], *rows, *kept[end:]]).rstrip("\n") + "\n")
+    common.write_section(DOCS, TITLE, lines, "| 9. ", new_targets)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,25 +4,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from benchmarks import overhead
-from benchmarks.common import DASH, TIMES, Summary, ratio, table, us
+from benchmarks.common import DASH, TIMES, Summary, Target, ratio, table, us
 
 AT_MOST_FLOOR = f"\N{LESS-THAN OR EQUAL TO} 1.3{TIMES}"
 AT_MOST_ONCE = f"\N{LESS-THAN OR EQUAL TO} 1.0{TIMES}"
-
-
-@dataclass(frozen=True)
-class Target:
-    measure: str
-    target: str
-    result: str
-    met: bool | None  # None: not measured in this run
-
-    def row(self) -> list[str]:
-        verdict = {True: "met", False: "**missed**", None: "not measured"}[self.met]
-        return [self.measure, self.target, self.result, verdict]
 
 
 def targets_table(targets: Sequence[Target]) -> list[str]:
