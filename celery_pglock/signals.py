@@ -8,8 +8,9 @@
 - ``task_overdue(sender=scheduler, entry, slot, overdue_seconds, last_success,
   last_success_at)``: the beat leader found that slot of the entry not succeeded
   ``pglock_overdue_after`` seconds after it fell due; once per slot.
-- ``entry_freshness(sender=scheduler, entry, last_success_at, overdue)``: the leader's
-  every look at an entry with ``pglock_overdue_after`` (the metrics listen to it).
+- ``entry_freshness(sender=scheduler, entry, last_success_at, overdue)``: each look of
+  the leader's that reads an entry with ``pglock_overdue_after`` (every look up to 1,000
+  entries, in turns beyond; the metrics listen to it).
 - ``rogue_message(sender=task, origin)``: a message without a slot for a task that a
   PgLockScheduler sends (a stock ``celery beat`` still running?); each one.
 """

@@ -5,9 +5,14 @@ with a deadline, its newest succeeded slot and the oldest slot sent since then t
 not succeeded. That slot is *overdue* once it fell due more than the deadline ago (its
 *deadline*: due time + ``pglock_overdue_after``; ``overdue_seconds``: how long past it):
 the leader fires ``task_overdue``, logs one WARNING (``action`` ``pglock_entry_overdue``),
-once per slot, and publishes ``entry_freshness`` for the metrics on every look. A look
-also learns the next deadline of a slot still pending, and beat wakes for it (``wake_in``),
-so an alert comes at its deadline, not up to a tick later. No extra process.
+once per slot, and publishes ``entry_freshness`` for the metrics for each entry it reads.
+A look also learns the next deadline of a slot still pending, and beat wakes for it
+(``wake_in``), so an alert comes at its deadline, not up to a tick later. No extra process.
+
+A look reads the entries in play (sent by this leader since the last look, or pending at
+it) and ``SLICE`` more, in turn: a schedule of up to ``SLICE`` entries is read whole at
+every look, a larger one in rounds of a second per ``SLICE`` (read whole, 100,000
+entries with a deadline took 2 s a look, every second; without one, 0.1 s).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -29,6 +34,7 @@ from celery_pglock.store.statements import Statements
 logger = logging.getLogger("celery_pglock.beat")
 
 CHECK_EVERY = 1.0  # seconds between two regular looks
+SLICE = 1000  # entries a look reads besides those in play
 # Beat wakes on the second give or take a few ms: a tick this much early still looks
 # (else every other tick would skip its look).
 EARLY = 0.1
@@ -123,19 +129,36 @@ class FreshnessWatch:
         self._next = 0.0  # the next regular look (monotonic)
         self._deadline = math.inf  # the next pending slot's deadline (monotonic)
         self._told: set[tuple[str, str]] = set()  # (entry, slot) already reported overdue
+        self._in_play: set[str] = set()  # sent since the last look, or pending at it
+        self._round: list[str] = []  # the names read SLICE at a time, in turn
+        self._turn = 0  # where the next slice of the round starts
+
+    def sent(self, names: Iterable[str]) -> None:
+        """These entries' slots just went out: the next look reads them."""
+        self._in_play.update(names)
 
     def maybe_check(
-        self, entries: Iterable[Any], lock_name: Callable[[Any], str], now: datetime
+        self, entries: Mapping[str, Any], lock_name: Callable[[Any], str], now: datetime
     ) -> None:
         clock = self._clock()
         if clock < min(self._next, self._deadline):
             return
         self._next = clock + CHECK_EVERY - EARLY
-        found = look(self.settings, entries, lock_name, self._run_query, now)
+        names = self._in_play.union(self._next_slice(entries))
+        looked = [entries[name] for name in names if name in entries]
+        found = look(self.settings, looked, lock_name, self._run_query, now)
+        self._in_play = {f.entry for f in found if f.first_pending is not None}
         coming = [f.deadline_in for f in found if f.deadline_in is not None]
         self._deadline = clock + min(coming) + PAST_DEADLINE if coming else math.inf
         for fresh in found:
             self._publish(fresh)
+
+    def _next_slice(self, entries: Mapping[str, Any]) -> list[str]:
+        """The next ``SLICE`` names of the round; a new round takes the names as they are."""
+        if self._turn >= len(self._round):
+            self._round, self._turn = list(entries), 0
+        start, self._turn = self._turn, self._turn + SLICE
+        return self._round[start : self._turn]
 
     def wake_in(self) -> float:
         """Seconds until the next deadline of a pending slot (beat sleeps no longer)."""

@@ -217,7 +217,7 @@ class PgLockSchedulerMixin:
             self._send(due)
         self._resend_unconfirmed()
         self._sweep_orphans()
-        self._freshness.maybe_check(entries.values(), self._lock_name, now)
+        self._freshness.maybe_check(entries, self._lock_name, now)
         self._register_tasks()
         self._pruner.maybe_run()  # pglock_ledger_retention: hourly, in slices
 
@@ -255,6 +255,7 @@ class PgLockSchedulerMixin:
         return entry_lock_name(self.app, entry, self._lock_options)
 
     def _send(self, due: list[Due]) -> None:
+        self._freshness.sent(item.entry.name for item in due)  # its next look reads them
         confirmations = Confirmations(self.pglock_claims)
         self._send_claimed(self._claimed(due, confirmations), confirmations)
 

@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from celery_pglock import ConfigurationError, signals
-from celery_pglock.beat._freshness import FreshnessWatch, evaluate
+from celery_pglock.beat._freshness import SLICE, FreshnessWatch, evaluate
 from celery_pglock.beat._settings import BeatSettings
 
 NOW = datetime(2026, 12, 1, 3, 30, tzinfo=timezone.utc)
@@ -113,7 +113,7 @@ class Ledger:
         """``after`` seconds later, a tick of the leader."""
         self.clock += after
         self.now += timedelta(seconds=after)
-        self.watch.maybe_check([self.entry], lambda e: "ns:billing", self.now)
+        self.watch.maybe_check({"billing": self.entry}, lambda e: "ns:billing", self.now)
 
 
 def test_a_tick_a_few_ms_under_a_second_after_the_last_look_still_looks() -> None:
@@ -155,3 +155,92 @@ def test_the_overdue_alert_comes_at_the_deadline_not_a_tick_later(
     [warning] = [r.getMessage() for r in said]
     assert "(pglock_overdue_after 2.5 s;" in warning
     assert "s past its deadline" in warning
+
+
+class Schedule:
+    """A leader's look at a schedule of ``count`` entries (``e00000``, …), with
+    ``pglock_overdue_after`` or not; the ledger says which slots are pending."""
+
+    def __init__(self, count: int, *, overdue_after: float | None = 600) -> None:
+        app = Celery("freshness-scale", set_as_current=False)
+        app.conf.pglock_dsn = "postgresql://127.0.0.1/x"
+        options = {"pglock_overdue_after": overdue_after} if overdue_after else {}
+        self.entries = {
+            name: SimpleNamespace(name=name, options=options)
+            for name in (f"e{n:05d}" for n in range(count))
+        }
+        self.pending: dict[str, str] = {}  # entry -> its slot not yet succeeded
+        self.looked: list[list[str]] = []  # the entries of each look, in turn
+        self.clock = 100.0
+        settings = BeatSettings.from_app(app)
+        self.watch = FreshnessWatch(settings, self.query, self, clock=lambda: self.clock)
+
+    def query(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        self.looked.append(list(params["entries"]))
+        return [row(entry, self.pending.get(entry)) for entry in params["entries"]]
+
+    def tick(self) -> None:
+        self.clock += 1.0
+        self.watch.maybe_check(self.entries, lambda e: f"ns:{e.name}", NOW)
+
+
+def test_a_look_at_a_large_schedule_reads_a_slice_and_every_entry_in_turn() -> None:
+    """100,000 entries with a deadline cost a look of 100,000 every second (2 s each, issue
+    34): a look reads at most SLICE of them, and every one is read within a round."""
+    schedule = Schedule(2 * SLICE + SLICE // 2)
+
+    for _ in range(3):
+        schedule.tick()
+
+    assert [SLICE, SLICE, SLICE // 2] == [len(look) for look in schedule.looked]
+    assert sorted(schedule.entries) == sorted(name for look in schedule.looked for name in look)
+
+
+def test_an_entry_sent_or_pending_is_read_at_every_look_whatever_the_turn() -> None:
+    """Its alert comes at its deadline: an entry whose slot this leader just sent is read
+    at the next look, and at each look after while its slot is pending."""
+    schedule = Schedule(3 * SLICE)
+    late = f"e{3 * SLICE - 1:05d}"  # the last turn's
+
+    schedule.watch.sent([late])
+    schedule.pending[late] = FAILING
+    schedule.tick()
+    schedule.tick()
+    del schedule.pending[late]  # it succeeded
+    schedule.tick()
+    schedule.tick()  # a new round: the first slice again
+
+    assert [True, True, True, False] == [late in look for look in schedule.looked]
+
+
+def test_a_small_schedule_is_read_whole_at_every_look() -> None:
+    """At SLICE entries or fewer a look reads every one, an entry added since included."""
+    schedule = Schedule(10)
+
+    schedule.tick()
+    schedule.entries["new"] = SimpleNamespace(
+        name="new", options=schedule.entries["e00000"].options
+    )
+    schedule.tick()
+
+    assert [10, 11] == [len(look) for look in schedule.looked]
+
+
+def test_entries_without_a_deadline_cost_no_query_and_no_read_of_every_entry() -> None:
+    """Off (no pglock_overdue_after): a look reads at most a slice of the entries, and asks
+    the ledger nothing."""
+    schedule = Schedule(3 * SLICE, overdue_after=None)
+    reads = 0
+    entries = schedule.entries
+
+    class Counted(dict[str, Any]):
+        def __getitem__(self, name: str) -> Any:
+            nonlocal reads
+            reads += 1
+            return entries[name]
+
+    schedule.entries = Counted(entries)
+    schedule.tick()
+
+    assert [] == schedule.looked
+    assert reads <= SLICE
