@@ -46,7 +46,13 @@ class Entry:
 
     @classmethod
     def from_row(cls, row: Row) -> Entry:
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+        return cls(**{name: row[name] for name in FIELDS})
+
+    @classmethod
+    def from_packed(cls, row: Row) -> Entry:
+        """An ``entry_changes`` row: its JSON columns packed in one array (``packed``)."""
+        packed = dict(zip(JSON_COLUMNS, json.loads(row["packed"]), strict=True))
+        return cls(**{name: packed[name] if name in packed else row[name] for name in FIELDS})
 
     def values(self) -> dict[str, Any]:
         """What a change sets (``write``'s ``values``)."""
@@ -60,6 +66,7 @@ class Entry:
 
 
 WINDOW = ("starts_at", "ends_at", "enabled")
+FIELDS = tuple(f.name for f in fields(Entry))
 
 
 def get(statements: Statements, namespace: str, name: str) -> Entry | None:
@@ -81,7 +88,7 @@ def changes(rows: Rows, namespace: str, since: int) -> tuple[int, list[Entry]]:
     if version <= since:
         return version, []
     changed = rows("entry_changes", {"namespace": namespace, "since": since})
-    return version, [Entry.from_row(row) for row in changed]
+    return version, [Entry.from_packed(row) for row in changed]
 
 
 def write(

@@ -20,8 +20,12 @@ SELECT * FROM {entries} WHERE namespace = %(namespace)s AND name = %(name)s AND 
 SELECT * FROM {entries} WHERE namespace = %(namespace)s AND NOT removed ORDER BY name;
 
 -- name: entry_changes
--- Every row changed after change number %(since)s, removals included, oldest first.
-SELECT * FROM {entries} WHERE namespace = %(namespace)s AND version > %(since)s
+-- Every row changed after change number %(since)s, removals included, oldest first. The
+-- JSON columns come packed in one JSON array (`packed`, as JSON_COLUMNS lists them), as
+-- text: one parse a row, not five (a new leader reads 100,000 rows at once).
+SELECT name, task, starts_at, ends_at, enabled, version, changed_by, changed_at, removed,
+       json_build_array(schedule, args, kwargs, options, pglock)::text AS packed
+  FROM {entries} WHERE namespace = %(namespace)s AND version > %(since)s
  ORDER BY version;
 
 -- name: entry_write
