@@ -128,7 +128,9 @@ class FreshnessWatch:
         self._clock = clock
         self._next = 0.0  # the next regular look (monotonic)
         self._deadline = math.inf  # the next pending slot's deadline (monotonic)
-        self._told: set[tuple[str, str]] = set()  # (entry, slot) already reported overdue
+        # Entry -> its slot reported overdue (its oldest pending slot only moves forward, so
+        # one an entry is enough: a set of every slot ever reported grew for good).
+        self._told: dict[str, str] = {}
         self._in_play: set[str] = set()  # sent since the last look, or pending at it
         self._round: list[str] = []  # the names read SLICE at a time, in turn
         self._turn = 0  # where the next slice of the round starts
@@ -172,12 +174,13 @@ class FreshnessWatch:
             last_success_at=fresh.last_success_at,
             overdue=overdue,
         )
+        if fresh.first_pending is None:
+            self._told.pop(fresh.entry, None)  # it succeeded since
         if not overdue or fresh.first_pending is None:
             return
-        key = (fresh.entry, fresh.first_pending)
-        if key in self._told:
+        if self._told.get(fresh.entry) == fresh.first_pending:
             return
-        self._told.add(key)
+        self._told[fresh.entry] = fresh.first_pending
         self._report(fresh)
 
     def _report(self, fresh: Freshness) -> None:

@@ -244,3 +244,28 @@ def test_entries_without_a_deadline_cost_no_query_and_no_read_of_every_entry() -
 
     assert [] == schedule.looked
     assert reads <= SLICE
+
+
+def test_each_overdue_slot_is_reported_once_and_what_was_told_stays_one_per_entry() -> None:
+    """Slot after slot overdue, each succeeding later: each one reported once, and the
+    watch keeps one told slot an entry, not every slot it ever reported (it grew for good)."""
+    schedule = Schedule(3, overdue_after=60)
+    fired: list[tuple[str, str]] = []
+
+    def overdue(entry: str, slot: str, **_: Any) -> None:
+        fired.append((entry, slot))
+
+    signals.task_overdue.connect(overdue, weak=False)
+    try:
+        for minute in range(5):
+            slot = f"2026-12-01T03:{minute:02d}:00Z"  # over a minute before NOW: overdue
+            schedule.pending["e00001"] = slot
+            schedule.tick()
+            schedule.tick()  # still pending: not reported again
+            del schedule.pending["e00001"]  # it succeeded
+            schedule.tick()
+    finally:
+        signals.task_overdue.disconnect(overdue)
+
+    assert [("e00001", f"2026-12-01T03:{m:02d}:00Z") for m in range(5)] == fired
+    assert len(schedule.watch._told) <= 1
