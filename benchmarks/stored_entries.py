@@ -151,15 +151,12 @@ def measure(dsn: str, count: int, ticks: int) -> Run:
 
 
 def stored_app(dsn: str, schema: str, **conf: Any) -> Celery:
+    """An app whose entries are stored in ``schema``: active-active, no broker, unless
+    ``conf`` says otherwise."""
     app = Celery("bench-stored", set_as_current=False)
+    defaults = {"pglock_beat_leader": False, "broker_url": "memory://", "beat_schedule": {}}
     app.conf.update(
-        pglock_dsn=dsn,
-        pglock_schema=schema,
-        pglock_namespace=schema,
-        pglock_beat_leader=False,
-        broker_url="memory://",
-        beat_schedule={},
-        **conf,
+        {"pglock_dsn": dsn, "pglock_schema": schema, "pglock_namespace": schema} | defaults | conf
     )
     return app
 
@@ -182,14 +179,8 @@ def measure_burst(dsn: str, broker: str, count: int, due: int) -> Burst:
     """The tick that sends ``due`` stored entries (of ``count``) falling due together."""
     schema = f"bench_burst_{uuid.uuid4().hex[:8]}"
     queue = f"{common.KEY_PREFIX}-burst-{uuid.uuid4().hex[:8]}"
-    app = Celery("bench-burst", set_as_current=False)
-    app.conf.update(
-        pglock_dsn=dsn,
-        pglock_schema=schema,
-        pglock_namespace=schema,
-        broker_url=broker,
-        task_default_queue=queue,
-        beat_schedule={},
+    app = stored_app(
+        dsn, schema, pglock_beat_leader=True, broker_url=broker, task_default_queue=queue
     )
     try:
         schedules.entries(app)  # creates the tables
