@@ -9,14 +9,19 @@ the leader's own connection in leader mode, so that a replica whose session was 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from celery_pglock import _slots as slots
 from celery_pglock._keys import lock_key
 from celery_pglock._ledger import RunQuery, sweep_orphans
 from celery_pglock.beat._planner import Due
 from celery_pglock.beat._settings import BeatSettings
+from celery_pglock.errors import DatabaseError
+from celery_pglock.store.statements import Row
+
+logger = logging.getLogger("celery_pglock.beat")
 
 
 class Claimed(NamedTuple):
@@ -26,6 +31,7 @@ class Claimed(NamedTuple):
 
 RESEND_HORIZON = 86400.0  # seconds: older unconfirmed claims are not re-sent
 RESEND_LIMIT = 1000  # unconfirmed claims taken over per statement
+DEADLOCK_DETECTED = "40P01"  # SQLSTATE
 
 
 class BeatClaims:
@@ -46,8 +52,7 @@ class BeatClaims:
         # One order for every replica: the schedule's order is a set's (per process hash
         # seed), and two replicas inserting the same claims in opposite orders deadlock.
         due = sorted(due, key=_claim_order)
-        rows = self._run_query(
-            "beat_claim",
+        rows = self._claim_rows(
             {
                 "namespace": self.settings.namespace,
                 "replica": self.settings.replica,
@@ -64,6 +69,22 @@ class BeatClaims:
             send={(row["entry"], row["slot"]) for row in rows if not row["paused"]},
             paused={(row["entry"], row["slot"]) for row in rows if row["paused"]},
         )
+
+    def _claim_rows(self, params: dict[str, Any]) -> list[Row]:
+        """``beat_claim``, made once more when PostgreSQL chose it as a deadlock's victim
+        (active-active: another replica's claim of the same slots). It was rolled back
+        whole, so the second one takes what the other left: a deadlock is no outage. The
+        statement inserts in (entry, slot) order, which makes one unlikely."""
+        try:
+            return self._run_query("beat_claim", params)
+        except DatabaseError as exc:
+            if exc.sqlstate != DEADLOCK_DETECTED:
+                raise
+            logger.info(
+                "beat claim deadlocked with another replica's; claiming again",
+                extra={"action": "pglock_beat_claim_deadlock"},
+            )
+        return self._run_query("beat_claim", params)
 
     def confirm(self, sent: Iterable[Due]) -> None:
         """Record these claims as sent (a claim never confirmed is re-sent)."""

@@ -23,7 +23,7 @@ from celery_pglock.beat._claims import RESEND_LIMIT, BeatClaims
 from celery_pglock.beat._planner import Due
 from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops, batched
 from celery_pglock.beat._settings import BeatSettings
-from celery_pglock.errors import DatabaseUnavailable
+from celery_pglock.errors import DatabaseUnavailable, SessionGone
 
 SLOT_A, SLOT_B = "2026-11-29T18:05:00Z", "2026-11-29T18:05:10Z"
 
@@ -90,6 +90,50 @@ def test_only_what_this_replica_claimed_is_sent_and_a_paused_claim_is_not(
     claimed = BeatClaims(settings, run).claim([due(e, SLOT_A) for e in ("a", "b", "c")])
 
     assert ({("a", SLOT_A)}, {("b", SLOT_A)}) == (claimed.send, claimed.paused)
+
+
+class Deadlocking(Recorder):
+    """The first ``times`` claims end in a deadlock with another replica's claim, as
+    PostgreSQL answers one of two such statements (chaos seed 47303, active-active: two
+    in a campaign, each logged as "beat cannot reach PostgreSQL")."""
+
+    def __init__(self, times: int, **rows: list[dict[str, Any]]) -> None:
+        super().__init__(**rows)
+        self.times = times
+
+    def __call__(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        if name == "beat_claim" and self.times:
+            self.times -= 1
+            self.calls.append((name, params))
+            # As the store names it: an OperationalError, so "the session ended".
+            deadlock = SessionGone("the session with PostgreSQL ended: deadlock detected")
+            deadlock.sqlstate = "40P01"
+            raise deadlock
+        return super().__call__(name, params)
+
+
+def test_a_claim_that_deadlocked_with_another_replica_s_is_made_again(
+    settings: BeatSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL rolls one of two deadlocked claims back whole: claimed again at once,
+    it takes what the other left, and no ERROR says PostgreSQL is unreachable."""
+    run = Deadlocking(1, beat_claim=[claim_row("a", SLOT_A, False)])
+
+    with caplog.at_level(logging.INFO, logger="celery_pglock.beat"):
+        claimed = BeatClaims(settings, run).claim([due("a", SLOT_A), due("b", SLOT_A)])
+
+    assert {("a", SLOT_A)} == claimed.send
+    assert ["beat_claim", "beat_claim"] == [name for name, _ in run.calls]
+    assert [] == [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(getattr(r, "action", None) == "pglock_beat_claim_deadlock" for r in caplog.records)
+
+
+def test_a_claim_that_deadlocks_again_fails_as_before(settings: BeatSettings) -> None:
+    """Twice in a row: the error goes up (the tick is left to the other replicas)."""
+    run = Deadlocking(2)
+
+    with pytest.raises(SessionGone):
+        BeatClaims(settings, run).claim([due("a", SLOT_A)])
 
 
 def test_confirm_records_the_sent_claims_in_order_with_their_times(
