@@ -18,8 +18,12 @@ WITH wanted AS (
       LEFT JOIN {entries} e ON w.stored AND e.namespace = %(namespace)s AND e.name = w.entry
                                AND NOT e.enabled AND NOT e.removed
 ), claimed AS (
+    -- In one order for every replica: `wanted`'s follows the join PostgreSQL picks (a
+    -- merge join sorts by entry alone), and two claims inserting the same slots in
+    -- opposite orders deadlock (chaos, active-active).
     INSERT INTO {beat_sends} (namespace, entry, slot, lock_name, sent_by, paused)
     SELECT %(namespace)s, entry, slot, lock_name, %(replica)s, paused FROM wanted
+     ORDER BY entry, slot
     ON CONFLICT DO NOTHING
     RETURNING entry, slot, paused
 ), scheduled AS (
