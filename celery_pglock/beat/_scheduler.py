@@ -33,7 +33,7 @@ from celery_pglock._config import TaskOptions
 from celery_pglock._keys import leader_lock_name, lock_key
 from celery_pglock._messages import ENTRY_HEADER, SLOT_HEADER
 from celery_pglock._startup import StartupWait, refuse_to_start
-from celery_pglock.beat._claims import RESEND_LIMIT, BeatClaims
+from celery_pglock.beat._claims import DEADLOCK_DETECTED, RESEND_LIMIT, BeatClaims
 from celery_pglock.beat._entries import entry_lock_name
 from celery_pglock.beat._freshness import FreshnessWatch
 from celery_pglock.beat._leader import LeaderElection
@@ -374,7 +374,9 @@ class PgLockSchedulerMixin:
         try:
             return leading.rows(name, params)
         except SessionGone as exc:
-            self._election.step_down(f"leader connection failed: {exc}")
+            # A deadlock rolls a statement back; the session and its lock live on.
+            if exc.sqlstate != DEADLOCK_DETECTED:
+                self._election.step_down(f"leader connection failed: {exc}")
             raise
 
     def _sweep_orphans(self) -> None:

@@ -585,3 +585,48 @@ def test_a_stop_during_the_takeover_resends_what_was_taken_over(clock: Clock) ->
     assert [(name, slot) for name, slot, _ in scheduler.sent] == [
         (f"e{i}", "2026-03-29T00:57:50Z") for i in range(3)
     ]
+
+
+# -- The leader's statements -------------------------------------------------------------
+
+
+class ElectionOnOneStatement:
+    """A won election whose session answers every statement with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.stepped_down: list[str] = []
+
+    def statements(self) -> Any:
+        def rows(name: str, params: dict[str, Any]) -> list[Any]:
+            raise self.error
+
+        return SimpleNamespace(rows=rows)
+
+    def step_down(self, cause: str) -> None:
+        self.stepped_down.append(cause)
+
+
+def failing_with(sqlstate: str) -> SessionGone:
+    # As the store names every OperationalError met on a session: "the session ended".
+    error = SessionGone(f"the session with PostgreSQL ended: ({sqlstate})")
+    error.sqlstate = sqlstate
+    return error
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "steps_down"), [("40P01", False), ("57P01", True)], ids=["deadlock", "ended"]
+)
+def test_the_leader_steps_down_when_its_session_ended_not_when_a_statement_deadlocked(
+    app: Celery, sqlstate: str, steps_down: bool
+) -> None:
+    """A deadlock ends a statement (PostgreSQL rolled it back), not the leader's session
+    or its lock: the leader stays; a session ended (57P01, the server shut it) steps down."""
+    scheduler = PgLockScheduler(app=app)
+    election = ElectionOnOneStatement(failing_with(sqlstate))
+    scheduler._election = cast(Any, election)
+
+    with pytest.raises(SessionGone):
+        scheduler._run_query("beat_claim", {})
+
+    assert steps_down == bool(election.stepped_down)
