@@ -154,7 +154,9 @@ class ZonedCrontab(crontab):
 
 def arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     """The task's arguments: a JSON list and a JSON object, at most ``MAX_ARGUMENTS_BYTES``."""
-    args = _json("args", [] if args is None else list(args) if isinstance(args, tuple) else args)
+    if isinstance(args, tuple):  # as beat_schedule entries and Python callers write them
+        args = list(args)
+    args = _json("args", [] if args is None else args)
     kwargs = _json("kwargs", {} if kwargs is None else kwargs)
     if not isinstance(args, list):
         raise _bad("args", args, 'a JSON list, such as [1, "a"]')

@@ -51,8 +51,8 @@ class Entry:
     @classmethod
     def from_packed(cls, row: Row) -> Entry:
         """An ``entry_changes`` row: its JSON columns packed in one array (``packed``)."""
-        packed = dict(zip(JSON_COLUMNS, json.loads(row["packed"]), strict=True))
-        return cls(**{name: packed[name] if name in packed else row[name] for name in FIELDS})
+        row = row | dict(zip(JSON_COLUMNS, json.loads(row["packed"]), strict=True))
+        return cls.from_row(row)
 
     def values(self) -> dict[str, Any]:
         """What a change sets (``write``'s ``values``)."""
