@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_pglock._config import Settings
 from celery_pglock._protocol import Claim, Skip
@@ -22,6 +22,8 @@ from celery_pglock.store._lock_sessions import LockSession
 from celery_pglock.store.statements import opened
 
 logger = logging.getLogger("celery_pglock")
+
+T = TypeVar("T")
 
 MAX_REASON_LENGTH = 500
 # Why a `running` row became `failed` without its attempt saying so (``sweep_orphans``,
@@ -196,10 +198,17 @@ def record_outcome_when_reachable(
 ) -> bool:
     """``record_outcome``, tried again while PostgreSQL is unreachable or read-only (a
     replica not promoted yet), for up to ``OUTCOME_RETRY_SECONDS``."""
+    return when_reachable(claim, lambda: record_outcome(db, claim, token, state, reason))
+
+
+def when_reachable(claim: Claim, record: Callable[[], T]) -> T:
+    """``record()`` (the outcome of ``claim``'s attempt, written on a fresh connection),
+    tried again while PostgreSQL is unreachable or read-only, for up to
+    ``OUTCOME_RETRY_SECONDS``."""
     deadline = time.monotonic() + OUTCOME_RETRY_SECONDS
     for attempt in itertools.count():
         try:
-            return record_outcome(db, claim, token, state, reason)
+            return record()
         # An outage, the session ended, a replica not promoted yet, a statement cut short.
         except (DatabaseUnavailable, WaitEnded):
             pause = OUTCOME_RETRY_PAUSES[min(attempt, len(OUTCOME_RETRY_PAUSES) - 1)]
