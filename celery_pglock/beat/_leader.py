@@ -31,8 +31,10 @@ logger = logging.getLogger("celery_pglock.beat")
 RETRY_DELAY = 1.0
 
 
-class LeaderElection:
-    """Compete for leadership in a background thread; ``is_leader()`` is a cheap check."""
+class Competitor:
+    """What every way of electing beat's leader shares: the leader lock's claim, the
+    thread that competes (``_run``), and telling alike that this replica now leads (or no
+    longer does), and once per outage that it cannot reach PostgreSQL."""
 
     def __init__(
         self,
@@ -44,33 +46,26 @@ class LeaderElection:
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.tables = settings.tables
         self.claim = Claim(lock_name=lock_name, key=key, slot=None, task_id=None, task_name=None)
         self.lease_seconds = lease
         self.on_change = on_change
         self._lease: Lease | None = None
-        self._session: LeaderSession | None = None  # the lease's, while leading
-        self._waiting: LeaderSession | None = None
         self._closed = threading.Event()
-        self._standby = threading.Event()
-        self._standby.set()
         self._outage = False
         self._thread = threading.Thread(target=self._run, name="pglock-beat-election", daemon=True)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """What a way of electing adds to the state above."""
 
     def start(self) -> None:
         self._thread.start()
 
-    @property
-    def connection(self) -> Connection | None:
-        """The leader's connection (the driver's), while leading."""
-        lease = self._lease
-        return lease.lock_connection if lease is not None else None
+    def _run(self) -> None:
+        raise NotImplementedError
 
-    def statements(self) -> Statements | None:
-        """Statements on the leader's session, for claims that must only succeed while
-        leading; None when this replica does not lead."""
-        session = self._session
-        return session.statements() if session is not None else None
+    def step_down(self, cause: str) -> None:
+        raise NotImplementedError
 
     def is_leader(self) -> bool:
         lease = self._lease
@@ -88,13 +83,17 @@ class LeaderElection:
             lease.ask_server()  # after any heartbeat ping in flight: busy is not "leading"
         return self.is_leader()
 
-    def step_down(self, cause: str) -> None:
-        """Stop leading: close the connection (the server frees the lock) and stand by."""
-        lease, self._lease, self._session = self._lease, None, None
-        if lease is None:
-            return
-        unwatch(lease)
-        lease.lock_session.close()
+    def _elected(self, how: str = "") -> None:
+        logger.info(
+            "beat replica %s is now the leader%s",
+            replica_name(),
+            how,
+            extra={"action": "pglock_beat_leader_elected", "host": HOSTNAME, "pid": os.getpid()},
+        )
+        self._outage = False
+        self._changed(True)
+
+    def _stepped_down(self, cause: str) -> None:
         logger.warning(
             "beat replica %s stepped down as leader: %s",
             replica_name(),
@@ -102,6 +101,54 @@ class LeaderElection:
             extra={"action": "pglock_beat_leader_lost", "host": HOSTNAME, "pid": os.getpid()},
         )
         self._changed(False)
+
+    def _changed(self, leader: bool) -> None:
+        signals.beat_leader_changed.send(sender=self, leader=leader, previous=not leader)
+        if self.on_change is not None:
+            self.on_change(leader)
+
+    def _report_outage(self, exc: BaseException) -> None:
+        if self._closed.is_set() or self._outage:
+            return  # one line per outage, not one per retry
+        self._outage = True
+        logger.error(
+            "beat leader election cannot reach PostgreSQL, retrying every %.0f s: %s",
+            RETRY_DELAY,
+            exc,
+            extra={"action": "pglock_beat_db_unavailable"},
+        )
+
+
+class LeaderElection(Competitor):
+    """Compete for leadership in a background thread; ``is_leader()`` is a cheap check."""
+
+    def _prepare(self) -> None:
+        self.tables = self.settings.tables
+        self._session: LeaderSession | None = None  # the lease's, while leading
+        self._waiting: LeaderSession | None = None
+        self._standby = threading.Event()
+        self._standby.set()
+
+    @property
+    def connection(self) -> Connection | None:
+        """The leader's connection (the driver's), while leading."""
+        lease = self._lease
+        return lease.lock_connection if lease is not None else None
+
+    def statements(self) -> Statements | None:
+        """Statements on the leader's session, for claims that must only succeed while
+        leading; None when this replica does not lead."""
+        session = self._session
+        return session.statements() if session is not None else None
+
+    def step_down(self, cause: str) -> None:
+        """Stop leading: close the connection (the server frees the lock) and stand by."""
+        lease, self._lease, self._session = self._lease, None, None
+        if lease is None:
+            return
+        unwatch(lease)
+        lease.lock_session.close()
+        self._stepped_down(cause)
         self._standby.set()
 
     def close(self) -> None:
@@ -159,32 +206,10 @@ class LeaderElection:
         session.row("leader_record", {**record, "host": HOSTNAME, "pid": os.getpid()})
         granted = Lease(self.claim, "session", session, token=0, attempts=None, lease_seconds=lease)
         self._standby.clear()
-        self._outage = False
         self._session, self._lease = session, granted
         if lease is not None:
             watch(granted)
-        logger.info(
-            "beat replica %s is now the leader",
-            replica_name(),
-            extra={"action": "pglock_beat_leader_elected", "host": HOSTNAME, "pid": os.getpid()},
-        )
-        self._changed(True)
-
-    def _changed(self, leader: bool) -> None:
-        signals.beat_leader_changed.send(sender=self, leader=leader, previous=not leader)
-        if self.on_change is not None:
-            self.on_change(leader)
-
-    def _report_outage(self, exc: BaseException) -> None:
-        if self._closed.is_set() or self._outage:
-            return  # one line per outage, not one per retry
-        self._outage = True
-        logger.error(
-            "beat leader election cannot reach PostgreSQL, retrying every %.0f s: %s",
-            RETRY_DELAY,
-            exc,
-            extra={"action": "pglock_beat_db_unavailable"},
-        )
+        self._elected()
 
 
 def replica_name() -> str:
