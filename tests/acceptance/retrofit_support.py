@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -200,12 +201,14 @@ class Project:
     def call(self, body: str, *, imports: str = "import celery_pglock") -> Any:
         """Run ``body`` in a fresh sender process (``app``, ``tasks`` and ``json`` imported);
         what its last line printed, as JSON."""
-        sender = self.root / "call.py"
+        return self.call_async(body, imports=imports).result(DEADLINE * 2)
+
+    def call_async(self, body: str, *, imports: str = "import celery_pglock") -> Pending:
+        """``call``, not waited for: its ``result`` later."""
+        sender = self.root / f"call-{len(self.procs.started)}.py"
         head = f"import json\n{imports}\nfrom {self.name}.celery import app\n"
         sender.write_text(head + f"from {self.name} import tasks\n" + textwrap.dedent(body))
-        proc = self.procs.python(sender, env=self.env, name="sender")
-        assert 0 == proc.wait(timeout=DEADLINE * 2), proc.log_tail()
-        return json.loads(proc.log_text().strip().splitlines()[-1])
+        return Pending(self.procs.python(sender, env=self.env, name="sender"))
 
     def cli(self, *args: str) -> tuple[int, str]:
         """``celery -A proj.celery pglock *args`` as an operator types it: status, output."""
@@ -225,6 +228,18 @@ class Project:
             return cur.execute(query).fetchall()
 
 
+class Pending:
+    """A sender process running (``Project.call_async``)."""
+
+    def __init__(self, proc: Proc) -> None:
+        self.proc = proc
+
+    def result(self, timeout: float) -> Any:
+        """What its last line printed, as JSON, once it exited (0)."""
+        assert 0 == self.proc.wait(timeout=timeout), self.proc.log_tail()
+        return json.loads(self.proc.log_text().strip().splitlines()[-1])
+
+
 @pytest.fixture
 def project(
     tmp_path: Path, procs: Procs, pg_dsn: str, pglock_schema: str, redis_url: str
@@ -239,6 +254,32 @@ def project(
         "TEST_QUEUE": f"q-{pglock_schema}",
     }
     return Project(tmp_path / "project", "proj", env, procs)
+
+
+def readme_project(project: Project, extra: str = "") -> None:
+    """The project with README's retrofit block appended to its app module, as written."""
+    project.write("celery", APP_MODULE.format(name="proj") + readme_retrofit() + extra)
+
+
+def users(project: Project) -> Counter[str]:
+    """How often each ``send_welcome_email`` user's e-mail went out."""
+    return Counter(row["marker"] for row in project.ran() if row["marker"].startswith("user-"))
+
+
+ONE_SLOT_TIMES = """
+results = [tasks.send_welcome_email.apply_async((7,), pglock_slot="q2-7") for _ in range({times})]
+print(json.dumps([[r.get(timeout=60), r.state] for r in results]))
+"""
+
+
+def one_slot_runs_once(project: Project, times: int) -> None:
+    """The same slot sent ``times`` at once is one piece of work: one run, every other
+    message ``SKIPPED`` (``done`` or ``locked``)."""
+    results = project.call(ONE_SLOT_TIMES.format(times=times))
+
+    assert Counter({"SUCCESS": 1, "SKIPPED": times - 1}) == Counter(state for _, state in results)
+    assert {"done", "locked"} >= {meta["reason"] for meta, state in results if state == "SKIPPED"}
+    assert Counter({"user-7": 1}) == users(project)
 
 
 def skipped(results: list[tuple[Any, str]]) -> list[str]:

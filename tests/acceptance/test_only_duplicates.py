@@ -20,13 +20,14 @@ import pytest
 from psycopg import sql
 
 from tests.acceptance.retrofit_support import (
-    APP_MODULE,
     DEADLINE,
     DJANGO_CELERY,
     DJANGO_SETTINGS,
     Project,
+    one_slot_runs_once,
     project,
-    readme_retrofit,
+    readme_project,
+    users,
 )
 from tests.apps.harness import ledger
 from tests.fixtures.procs import wait_until
@@ -45,25 +46,12 @@ results = [
 ]
 print(json.dumps([[r.get(timeout=60), r.state] for r in results]))
 """
-ONE_SLOT_FOUR_TIMES = """
-results = [tasks.send_welcome_email.apply_async((7,), pglock_slot="q2-7") for _ in range(4)]
-print(json.dumps([[r.get(timeout=60), r.state] for r in results]))
-"""
-
-
-def readme_project(project: Project, extra: str = "") -> None:
-    """The project with README's retrofit block appended to its app module, as written."""
-    project.write("celery", APP_MODULE.format(name="proj") + readme_retrofit() + extra)
 
 
 def django_project(project: Project) -> None:
     """The project retrofitted through Django's settings (``CELERY_PGLOCK_ALL_TASKS``)."""
     project.write("settings", DJANGO_SETTINGS)
     project.write("celery", DJANGO_CELERY)
-
-
-def users(project: Project) -> Counter[str]:
-    return Counter(row["marker"] for row in project.ran() if row["marker"].startswith("user-"))
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
@@ -111,11 +99,7 @@ def test_one_slot_sent_four_times_at_once_runs_once(project: Project) -> None:
     readme_project(project)
     project.worker("-P", "prefork", "-c", "4")
 
-    results = project.call(ONE_SLOT_FOUR_TIMES)
-
-    assert Counter({"SUCCESS": 1, "SKIPPED": 3}) == Counter(state for _, state in results)
-    assert {"done", "locked"} >= {meta["reason"] for meta, state in results if state == "SKIPPED"}
-    assert Counter({"user-7": 1}) == users(project)
+    one_slot_runs_once(project, 4)
 
 
 def test_two_beat_entries_of_one_task_both_run_every_slot(project: Project) -> None:
