@@ -39,7 +39,7 @@ AUTO_PRUNE_RETRY = 300.0  # seconds before retrying a pass that failed
 AUTO_PRUNE_BATCHES = 20  # batches per table per tick: bounds the time taken from beat
 
 #: What prune deletes from, in order (the skip log first: it only feeds counts).
-PRUNED_TABLES = ("skips", "runs", "beat_sends", "holders")
+PRUNED_TABLES = ("skips", "runs", "beat_sends", "holders", "row_locks")
 
 _LIKE_SPECIAL = re.compile(r"([\\%_])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -30,6 +30,7 @@ TABLES = (
     "waiting",
     "entries",
     "entry_versions",
+    "row_locks",
     "schema_version",
 )
 # Indexes and constraints: the prefix and the name, unqualified (they live in their table's
@@ -59,6 +60,12 @@ FUNCTIONS = (
     "grant_lock",
     "set_lease",
     "label_session",
+    "row_held",
+    "renew_row_lock",
+    "run_alive",
+    "grant_row_lock",
+    "advisory_free",
+    "leads",
 )
 QUERY_FILES = (
     "queries.sql",
@@ -71,6 +78,7 @@ QUERY_FILES = (
     "web_queries.sql",
     "entry_queries.sql",
     "import_queries.sql",
+    "row_lock_queries.sql",
 )
 MAX_PREFIX_LENGTH = 40  # PostgreSQL identifiers stop at 63 bytes; keep room for names.
 

@@ -32,6 +32,8 @@ class Claimed(NamedTuple):
 RESEND_HORIZON = 86400.0  # seconds: older unconfirmed claims are not re-sent
 RESEND_LIMIT = 1000  # unconfirmed claims taken over per statement
 DEADLOCK_DETECTED = "40P01"  # SQLSTATE
+# The fence of a leader on rows (``_row_leader``), which fills it in: none elsewhere.
+NO_FENCE = {"leader_key": None, "term": None}
 
 
 class BeatClaims:
@@ -63,6 +65,7 @@ class BeatClaims:
                 "tasks": [d.entry.task for d in due],
                 # A stored entry may be disabled: its slots are then recorded paused.
                 "stored": [bool(getattr(d.entry, "stored", False)) for d in due],
+                **NO_FENCE,
             },
         )
         return Claimed(
@@ -115,6 +118,7 @@ class BeatClaims:
                 "after": 0.0 if at_once else self.settings.resend_after,
                 "horizon": RESEND_HORIZON,
                 "limit": RESEND_LIMIT,
+                **NO_FENCE,
             },
         )
         return [(row["entry"], row["slot"]) for row in rows]

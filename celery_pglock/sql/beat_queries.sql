@@ -17,6 +17,8 @@ WITH wanted AS (
       LEFT JOIN {pauses} p ON p.namespace = %(namespace)s AND p.entry = w.entry
       LEFT JOIN {entries} e ON w.stored AND e.namespace = %(namespace)s AND e.name = w.entry
                                AND NOT e.enabled AND NOT e.removed
+     -- a leader on rows claims only while its term leads (%(leader_key)s NULL: no fence)
+     WHERE {leads}(%(leader_key)s::bigint, %(term)s::bigint)
 ), claimed AS (
     -- In one order for every replica: `wanted`'s follows the join PostgreSQL picks (a
     -- merge join sorts by entry alone), and two claims inserting the same slots in
@@ -65,6 +67,7 @@ UPDATE {beat_sends} AS s
  WHERE (s.namespace, s.entry, s.slot) IN (
         SELECT namespace, entry, slot FROM {beat_sends}
          WHERE namespace = %(namespace)s AND sent_at IS NULL AND NOT paused
+           AND {leads}(%(leader_key)s::bigint, %(term)s::bigint)
            AND claimed_at < now() - make_interval(secs => %(after)s)
            AND claimed_at > now() - make_interval(secs => %(horizon)s)
          ORDER BY claimed_at

@@ -27,7 +27,8 @@ SELECT l.lock_key, l.granted, l.pid AS backend_pid,
        a.backend_start, a.xact_start, a.query_start,
        (h.backend_pid = l.pid AND l.granted AND h.since >= a.backend_start
         AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)) AS recorded,
-       h.task_id, h.host, h.pid, h.slot, h.token, h.since, h.concurrency
+       h.task_id, h.host, h.pid, h.slot, h.token, h.since, h.concurrency,
+       NULL::timestamptz AS expires_at
   FROM locks l
   JOIN pg_stat_activity a ON a.pid = l.pid
   LEFT JOIN {holders} h ON h.lock_key = l.lock_key
@@ -35,7 +36,13 @@ SELECT l.lock_key, l.granted, l.pid AS backend_pid,
  WHERE coalesce(h.lock_name, k.lock_name) IS NOT NULL
     OR a.application_name LIKE 'pglock %%'
     OR a.application_name LIKE 'celery-pglock%%'
- ORDER BY lock_name, l.lock_key, l.granted DESC, a.query_start;
+UNION ALL
+-- the locks held on rows (the rows lock backend): no session, the row is the holder
+SELECT r.lock_key, true, NULL, r.lock_name, NULL, NULL, NULL, NULL, NULL, NULL, true,
+       r.task_id, r.host, r.pid, r.slot, r.token, r.since, r.concurrency, r.expires_at
+  FROM {row_locks} r
+ WHERE r.expires_at > now()
+ ORDER BY lock_name, lock_key, granted DESC, query_start;
 
 -- name: ops_running
 -- Ledger rows in state `running`, and whether the backend that claimed them still holds
@@ -43,13 +50,7 @@ SELECT l.lock_key, l.granted, l.pid AS backend_pid,
 SELECT r.lock_name, r.slot, r.lock_key, r.state, r.attempts, r.token, r.task_id, r.task_name,
        r.host, r.pid, r.backend_pid, r.entry, r.started_at,
        extract(epoch FROM now() - r.started_at)::float8 AS running_seconds,
-       EXISTS (
-           SELECT 1 FROM pg_locks l
-            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-              AND l.pid = r.backend_pid
-              AND l.classid = ((r.lock_key >> 32) & 4294967295)::oid
-              AND l.objid = (r.lock_key & 4294967295)::oid
-       ) AS holder_alive
+       {run_alive}(r.backend_pid, r.lock_key, r.token) AS holder_alive
   FROM {runs} r
  WHERE r.state = 'running'
  ORDER BY r.started_at
@@ -89,7 +90,9 @@ SELECT r.lock_name, r.slot, r.state, r.attempts, r.token, r.task_name, r.task_id
 -- The keys of one lock name: its own, and under pglock_concurrency the others its holder
 -- rows name (a transaction-scope holder's row may not be committed: its own key is
 -- passed in, and each of N keys held shows once it has been held in session scope).
-SELECT DISTINCT lock_key FROM {holders} WHERE lock_name = %(name)s;
+SELECT lock_key FROM {holders} WHERE lock_name = %(name)s
+UNION
+SELECT lock_key FROM {row_locks} WHERE lock_name = %(name)s;
 
 -- name: ops_lock_holders
 -- The sessions that hold one lock now (normally one; up to N under pglock_concurrency),
@@ -110,11 +113,25 @@ SELECT l.pid AS backend_pid, a.application_name, host(a.client_addr) AS client_a
        -- a session a threads/gevent worker's runs share holds their other locks too
        (SELECT count(*) - 1 FROM pg_locks o
          WHERE o.locktype = 'advisory' AND o.objsubid = 1 AND o.granted
-           AND o.pid = l.pid) AS other_locks
+           AND o.pid = l.pid) AS other_locks,
+       l.lock_key, NULL::timestamptz AS expires_at
   FROM held l
   JOIN pg_stat_activity a ON a.pid = l.pid
   LEFT JOIN {holders} h ON h.lock_key = l.lock_key
- ORDER BY l.lock_key;
+UNION ALL
+-- the holders on rows (the rows lock backend)
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, true, r.task_id, r.host, r.pid, r.slot, r.token,
+       r.since, 0, r.lock_key, r.expires_at
+  FROM {row_locks} r
+ WHERE r.lock_key = ANY (%(keys)s::bigint[]) AND r.expires_at > now()
+ ORDER BY lock_key;
+
+-- name: ops_release_rows
+-- Free the locks held on rows by the holders in `tokens` (a holder that finished
+-- meanwhile, or was taken over, is left alone): the holder learns at its next renewal.
+DELETE FROM {row_locks}
+ WHERE lock_key = ANY (%(keys)s::bigint[]) AND token = ANY (%(tokens)s::bigint[])
+RETURNING token;
 
 -- name: ops_terminate
 -- End the sessions in `pids` that still hold the lock (a holder that finished meanwhile,
@@ -151,12 +168,7 @@ DELETE FROM {runs} AS r
  USING (SELECT o.lock_name, o.slot FROM {runs} o
          WHERE o.updated_at < now() - make_interval(secs => %(seconds)s)
            AND (%(prefix)s::text IS NULL OR o.lock_name LIKE %(prefix)s::text)
-           AND NOT (o.state = 'running' AND EXISTS (
-                 SELECT 1 FROM pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                    AND l.pid = o.backend_pid
-                    AND l.classid = ((o.lock_key >> 32) & 4294967295)::oid
-                    AND l.objid = (o.lock_key & 4294967295)::oid))
+           AND NOT (o.state = 'running' AND {run_alive}(o.backend_pid, o.lock_key, o.token))
          LIMIT %(batch)s
            FOR UPDATE OF o SKIP LOCKED) AS old
  WHERE r.lock_name = old.lock_name AND r.slot = old.slot;

@@ -46,8 +46,8 @@ WITH lock AS MATERIALIZED (
         -- Not a slot another live session runs: with pglock_concurrency > 1 the same slot
         -- can arrive twice at once, each message under another of the lock's keys.
         WHERE r.state <> 'succeeded'
-          AND NOT (r.state = 'running' AND r.backend_pid <> pg_backend_pid()
-                   AND {holds_lock}(r.backend_pid, r.lock_key))
+          AND NOT (r.state = 'running' AND r.backend_pid IS DISTINCT FROM pg_backend_pid()
+                   AND {run_alive}(r.backend_pid, r.lock_key, r.token))
     RETURNING attempts
 )
 SELECT lock.acquired, lock.key, lock.token, (SELECT attempts FROM claim) AS attempts,
@@ -169,7 +169,7 @@ SELECT (SELECT count(*) FROM restored) AS restored,
 WITH orphans AS (
     SELECT r.lock_name, r.slot
       FROM {runs} r
-     WHERE r.state = 'running' AND NOT {holds_lock}(r.backend_pid, r.lock_key)
+     WHERE r.state = 'running' AND NOT {run_alive}(r.backend_pid, r.lock_key, r.token)
      ORDER BY r.started_at
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
@@ -185,12 +185,19 @@ RETURNING r.lock_name, r.slot, r.token, r.task_id, r.host, r.pid;
 -- and the message will not be redelivered: record that child's attempt failed. Only the
 -- row this message claimed on this host and still `running`; a later attempt (another
 -- task id) that took the slot over is left alone. The child's session, and its lock,
--- ended with the process.
-UPDATE {runs}
-   SET state = 'failed', reason = %(reason)s, finished_at = now(), updated_at = now()
- WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND task_id = %(task_id)s
-   AND host = %(host)s AND state = 'running'
-RETURNING token;
+-- ended with the process; a lock it held on rows (the rows backend) is freed here, not
+-- when its lease runs out.
+WITH failed AS (
+    UPDATE {runs}
+       SET state = 'failed', reason = %(reason)s, finished_at = now(), updated_at = now()
+     WHERE lock_name = %(lock_name)s AND slot = %(slot)s AND task_id = %(task_id)s
+       AND host = %(host)s AND state = 'running'
+    RETURNING token, lock_key
+), freed AS (
+    DELETE FROM {row_locks} h USING failed f
+     WHERE h.lock_key = f.lock_key AND h.token = f.token
+)
+SELECT token FROM failed;
 
 -- name: record_failure_after_rollback
 -- Transaction scope: the attempt's claim rolled back with the body; record the failed
@@ -222,22 +229,30 @@ WITH released AS (
     SELECT state, token, task_id, host, pid, started_at, finished_at
       FROM {runs} WHERE lock_name = %(lock_name)s AND slot = %(slot)s
 ), holder AS (
-    -- since: a holder whose statement committed after our snapshot was taken has a row
-    -- we cannot see, and no transaction any more: it went idle when it took the lock.
-    SELECT l.pid AS backend_pid, a.application_name,
-           coalesce(a.xact_start, a.state_change) AS xact_start,
-           h.task_id, h.host, h.pid, h.since, h.token, h.slot
-      FROM pg_locks l
-      JOIN pg_stat_activity a ON a.pid = l.pid
-      LEFT JOIN {holders} h ON h.lock_key = %(key)s AND h.backend_pid = l.pid
-            -- not a row an earlier run left on this backend (a transaction-scope
-            -- holder's own row is uncommitted, and its transaction has an xid)
-            AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-       AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
-       AND l.pid <> pg_backend_pid()
+    SELECT * FROM (
+        -- since: a holder whose statement committed after our snapshot was taken has a
+        -- row we cannot see, and no transaction any more: it went idle when it took the lock.
+        SELECT l.pid AS backend_pid, a.application_name,
+               coalesce(a.xact_start, a.state_change) AS xact_start,
+               h.task_id, h.host, h.pid, h.since, h.token, h.slot
+          FROM pg_locks l
+          JOIN pg_stat_activity a ON a.pid = l.pid
+          LEFT JOIN {holders} h ON h.lock_key = %(key)s AND h.backend_pid = l.pid
+                -- not a row an earlier run left on this backend (a transaction-scope
+                -- holder's own row is uncommitted, and its transaction has an xid)
+                AND NOT (a.backend_xid IS NOT NULL AND h.since < a.xact_start)
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+           AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY (%(keys)s::bigint[])
+           AND l.pid <> pg_backend_pid()
+        UNION ALL
+        -- a holder on rows (the rows lock backend): no session of its own
+        SELECT NULL::integer, NULL::text, h.since, h.task_id, h.host, h.pid, h.since,
+               h.token, h.slot
+          FROM {row_locks} h
+         WHERE h.lock_key = ANY (%(keys)s::bigint[]) AND h.expires_at > now()
+    ) AS holding
      -- under pglock_concurrency, the one that runs this slot if one does
-     ORDER BY h.slot IS NOT DISTINCT FROM %(slot)s::text DESC
+     ORDER BY slot IS NOT DISTINCT FROM %(slot)s::text DESC
      LIMIT 1
 ), newer AS (
     SELECT slot, token, task_id, host, pid, finished_at
@@ -255,7 +270,7 @@ WITH released AS (
        SET state = 'failed', reason = %(abandoned_reason)s, finished_at = now(),
            updated_at = now()
      WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s AND r.state = 'running'
-       AND NOT {holds_lock}(r.backend_pid, r.lock_key)
+       AND NOT {run_alive}(r.backend_pid, r.lock_key, r.token)
     RETURNING r.token
 ), decided AS (
     SELECT CASE WHEN (SELECT state FROM run) = 'succeeded' THEN 'done'
@@ -312,7 +327,7 @@ WITH run AS (
       FROM {runs} r
      WHERE r.lock_name = %(lock_name)s AND r.slot = %(slot)s
        AND (r.state = 'succeeded'
-            OR (r.state = 'running' AND {holds_lock}(r.backend_pid, r.lock_key)))
+            OR (r.state = 'running' AND {run_alive}(r.backend_pid, r.lock_key, r.token)))
 ), logged AS (
     INSERT INTO {skips} (lock_name, slot, reason, task_id, task_name, host, pid, holder_task_id)
     SELECT %(lock_name)s, %(slot)s,

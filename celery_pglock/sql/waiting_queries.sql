@@ -16,13 +16,13 @@ SELECT pg_advisory_xact_lock(%(waiting_lock_1)s, %(waiting_lock_2)s);
 WITH current AS (
     SELECT slot, task_id FROM {waiting} WHERE lock_name = %(lock_name)s
 ), run AS (
-    SELECT state, backend_pid, lock_key FROM {runs}
+    SELECT state, backend_pid, lock_key, token FROM {runs}
      WHERE lock_name = %(lock_name)s AND slot = %(slot)s
 ), decided AS (
     SELECT CASE
         WHEN EXISTS (SELECT 1 FROM run
                       WHERE state = 'succeeded'
-                         OR (state = 'running' AND {holds_lock}(backend_pid, lock_key)))
+                         OR (state = 'running' AND {run_alive}(backend_pid, lock_key, token)))
             THEN 'taken'
         WHEN EXISTS (SELECT 1 FROM current c
                       WHERE c.slot > %(slot)s::text AND c.slot ~ %(slot_pattern)s::text

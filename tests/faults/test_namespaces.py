@@ -39,6 +39,9 @@ ROWS = {
     "now() - make_interval(days => %(age)s))",
     "holders": "INSERT INTO {holders} (lock_key, lock_name, backend_pid, since) "
     "VALUES (%(k)s, %(n)s, 0, now() - make_interval(days => %(age)s))",
+    "row_locks": "INSERT INTO {row_locks} (lock_key, lock_name, token, since, expires_at) "
+    "VALUES (%(k)s, %(n)s, 1, now() - make_interval(days => %(age)s), "
+    "now() - make_interval(days => %(age)s))",
 }
 
 

@@ -323,7 +323,7 @@ def test_prune_reports_counts_and_refuses_bad_ages(
     assert "minimum" in too_short.output
     assert "--older-than" in missing.output
     assert 0 == done.exit_code, done.output
-    expected = {"runs": 1, "skips": 0, "beat_sends": 0, "holders": 0}
+    expected = {"runs": 1, "skips": 0, "beat_sends": 0, "holders": 0, "row_locks": 0}
     assert expected == json.loads(done.stdout)["deleted"]
     assert 0 == from_setting.exit_code, from_setting.output
 
