@@ -33,6 +33,10 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_spare_connections": 5,
     # Session-scope locks of a threads/gevent/eventlet worker share one session per process.
     "pglock_shared_sessions": True,
+    # How session-scope locks and beat's leadership are held: "advisory" (a session's
+    # advisory lock), "rows" (a row with a lease, through any pooler) or "auto" (rows once
+    # a transaction pooler is found between us and PostgreSQL, else advisory).
+    "pglock_lock_backend": "auto",
     # At start-up, wait for PostgreSQL as Celery waits for its broker (see ``startup``).
     "pglock_connection_retry_on_startup": True,
     "pglock_connection_max_retries": None,  # None (or 0, as in Celery): wait for ever
@@ -145,6 +149,7 @@ class Settings:
     shared_sessions: bool = True  # see celery_pglock._shared
     retry_on_startup: bool = True  # wait for PostgreSQL at start-up (``startup``)
     max_retries: int | None = None  # failed attempts before giving up; None: never
+    lock_backend: values.LockBackend = "auto"  # see celery_pglock.store._database.Database
 
     def __repr__(self) -> str:
         return (
@@ -175,6 +180,7 @@ class Settings:
             shared_sessions=enabled_setting(conf, "pglock_shared_sessions"),
             retry_on_startup=enabled_setting(conf, "pglock_connection_retry_on_startup"),
             max_retries=values.max_retries(setting(conf, "pglock_connection_max_retries")),
+            lock_backend=values.lock_backend(setting(conf, "pglock_lock_backend")),
         )
 
 

@@ -45,6 +45,9 @@ def ping(lease: Lease) -> None:
             shared.answered = lease.confirmed
     except DatabaseError as exc:
         judge_failure(lease, exc)
+        # Not lost (a lock on rows whose renewal failed with time left): try again in a
+        # third of the interval, not at once (a retry loop while PostgreSQL is away).
+        lease.last_ping = time.monotonic() - _interval(lease) * 2 / 3
 
 
 class Heartbeat:

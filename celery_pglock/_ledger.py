@@ -150,8 +150,9 @@ def _who_ran(row: dict[str, Any], run: str) -> dict[str, Any]:
 
 
 def _live_holder(row: dict[str, Any]) -> dict[str, Any] | None:
-    if row["backend_pid"] is None:
+    if row["backend_pid"] is None and row["holder_since"] is None:
         return None  # the holder finished between our try and this look-up
+    # (a holder on rows has no backend: its row says who it is)
     if row["holder_task_id"] is not None or row["holder_host"] is not None:
         return {
             "host": row["holder_host"],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from celery_pglock import _shared as shared
@@ -28,8 +29,10 @@ from celery_pglock._ledger import (
     record_outcome_when_reachable,
     record_skip,
     short_reason,
+    when_reachable,
 )
 from celery_pglock._protocol import Claim, Lease, Released, Skip, verdict
+from celery_pglock._row_hold import DEFAULT_ROW_LEASE, RowHold
 from celery_pglock._values import Scope
 from celery_pglock.errors import DatabaseError, ReadOnlyServer, SessionGone, WaitEnded
 from celery_pglock.store._connections import application_name
@@ -90,6 +93,8 @@ def acquire(
     ``waited``: a session of ``db`` that already waited for the lock (the ``wait_lock``
     query), used instead of a pooled one; re-entrant advisory locks make the try succeed.
     """
+    if scope == "session" and waited is None and db.on_rows:
+        return _acquire_on_rows(db, claim, lease_seconds or DEFAULT_ROW_LEASE)
     params = acquire_params(claim, scope, _armed(db, scope, lease_seconds))
     if scope == "session":
         db.check_session_scope()
@@ -108,6 +113,27 @@ def acquire(
     lease = Lease(granted, scope, session, row["token"], row["attempts"], lease_seconds)
     if lease_seconds is not None:
         watch(lease)
+    return lease
+
+
+def _acquire_on_rows(db: Database, claim: Claim, lease_seconds: float) -> Lease | Skip:
+    """``acquire`` on rows (``RowHold``): one statement, the session given back at once."""
+    params = {**claim.params(), "lease_s": lease_seconds}
+    sent = time.monotonic()
+    session, row = _try_lock(db, "acquire_rows", params, "session", None)
+    if not row["acquired"]:
+        # An advisory holder's release may be in flight, sent without waiting (as in
+        # ``acquire``): one more try, a round trip later, before skipping.
+        session, row = _try_lock(db, "acquire_rows", params, "session", session)
+    granted = verdict(claim, row)
+    if isinstance(granted, str):  # the row is held only once the slot is claimed: not now
+        return _skip(
+            db, session, claim, "session", held=False, reason=granted, newer=row["newer_slot"]
+        )
+    db.lock_sessions.give_back(session, clean=True)
+    hold = RowHold(db.lock_sessions, granted.key, row["token"], lease_seconds, sent)
+    lease = Lease(granted, "session", hold, row["token"], row["attempts"], lease_seconds)
+    watch(lease)
     return lease
 
 
@@ -168,6 +194,8 @@ def release(db: Database, lease: Lease, state: str, reason: str | None = None) -
     if lease.lease_seconds is not None:
         unwatch(lease)
     lease.released = True
+    if isinstance(lease.lock_session, RowHold):
+        return _release_on_rows(db, lease, lease.lock_session, state, reason)
     if lease.shared is not None:
         return _release_shared(db, lease, state, reason)
     if _release_unwaited(db, lease):
@@ -200,6 +228,39 @@ def _released(db: Database, lease: Lease, state: str, *, recorded: bool) -> Rele
     if recorded and state == SUCCEEDED:
         db.recall.remember(lease.claim, lease.token)
     return Released(recorded=recorded, lost=lease.known_lost)
+
+
+def _release_on_rows(
+    db: Database, lease: Lease, hold: RowHold, state: str, reason: str | None
+) -> Released:
+    """``release`` of a lock on rows: the outcome and the row's deletion in one statement,
+    tried again on a fresh connection while PostgreSQL is unreachable (it is idempotent:
+    both check the token). Unreachable for too long: the row expires by itself."""
+    hold.give_back_lent()
+    params = {
+        **lease.claim.params(),
+        "token": lease.token,
+        "state": state,
+        "reason": short_reason(reason) if reason else None,
+    }
+    try:
+        row = hold.row("release_rows", params)
+    except DatabaseError:
+        try:
+            row = when_reachable(lease.claim, lambda: _release_fresh(db, params))
+        except (DatabaseError, OSError):
+            return Released(recorded=False, lost=lease.known_lost)
+    assert row is not None
+    if not row["held"]:
+        lease.mark_lost("the lease ran out before the release: another holder may have run")
+    return _released(db, lease, state, recorded=bool(row["recorded"]))
+
+
+def _release_fresh(db: Database, params: dict[str, Any]) -> Row:
+    with db.lock_sessions.fresh() as session:
+        row = session.row("release_rows", params)
+    assert row is not None
+    return row
 
 
 def _release_shared(db: Database, lease: Lease, state: str, reason: str | None) -> Released:

@@ -10,7 +10,9 @@ ran the slot). So a task and a script that use one lock name exclude each other.
 that will hold the lock) rather than polling: the lock passes on the moment its holder
 ends, waiters get it first come first served, and a wait costs no queries and leaves no
 skip rows behind. ``timeout`` bounds the wait with ``lock_timeout``; when it runs out, one
-last try reports the holder as any skip does.
+last try reports the holder as any skip does. On rows (behind a transaction pooler,
+``pglock_lock_backend``) there is no session to queue in: the wait looks every
+``WAIT_POLL`` seconds instead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +32,8 @@ from celery_pglock._keys import check_lock_name, check_slot, lock_key
 from celery_pglock._locks import acquire, lease_ms
 from celery_pglock._protocol import Claim, Lease, Skip
 from celery_pglock._runs import settle_failure, settle_success
-from celery_pglock._values import SCOPES, Scope
+from celery_pglock._values import SCOPES, LockBackend, Scope
+from celery_pglock._values import lock_backend as valid_backend
 from celery_pglock.errors import (
     ConfigurationError,
     DatabaseError,
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_pglock")
 
+WAIT_POLL = 0.25  # seconds between the looks of a wait on rows (``_acquire_polling``)
+
 P = ParamSpec("P")
 R = TypeVar("R")
 Dsn = str | Callable[[], str] | None
@@ -65,6 +71,7 @@ class LockSettings(TypedDict, total=False):
     timeout: float | None
     schema: str
     table_prefix: str
+    lock_backend: LockBackend
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class LockOptions:
     timeout: float | None = None
     schema: str = "public"
     table_prefix: str = "pglock_"
+    lock_backend: LockBackend = "auto"
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -91,6 +99,7 @@ class LockOptions:
                 f"timeout={self.timeout} needs wait=True (--wait) and seconds >= 0"
             )
         Tables(self.schema, self.table_prefix)  # raises on an unusable schema or prefix
+        valid_backend(self.lock_backend)  # raises naming the choices
 
     @property
     def lease_seconds(self) -> float | None:
@@ -100,7 +109,12 @@ class LockOptions:
     def settings(self) -> Settings:
         """Where the tables live; the DSN is resolved now (argument, PGLOCK_DSN, DATABASE_URL)."""
         dsn = resolve_dsn({"pglock_dsn": self.dsn})
-        return Settings(dsn=dsn, schema=self.schema, table_prefix=self.table_prefix)
+        return Settings(
+            dsn=dsn,
+            schema=self.schema,
+            table_prefix=self.table_prefix,
+            lock_backend=self.lock_backend,
+        )
 
 
 @dataclass
@@ -166,7 +180,8 @@ def advisory_lock(
     Options (``LockSettings``): ``dsn`` (default: ``PGLOCK_DSN``, else ``DATABASE_URL``),
     ``scope`` ("session"), ``lease`` (30.0 s; 0 or None: none), ``wait`` (False),
     ``timeout`` (None: with ``wait``, wait for good), ``schema`` ("public"),
-    ``table_prefix`` ("pglock_").
+    ``table_prefix`` ("pglock_"), ``lock_backend`` ("auto": on rows behind a transaction
+    pooler, else advisory locks).
     """
     with hold(LockOptions(**options), name, slot) as handle:
         yield handle
@@ -210,12 +225,38 @@ def make_claim(name: str, slot: str | None, task_name: str | None) -> Claim:
 
 def _acquire(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
     lease = options.lease_seconds
+    if options.wait and options.timeout != 0 and options.scope == "session" and db.on_rows:
+        return _acquire_polling(db, claim, options)
     if options.wait and options.timeout != 0:
         waited = wait_for_lock(db, claim.key, options)
         if waited is not None:
             return acquire(db, claim, options.scope, lease, waited=waited)
     # No wait, or the wait ran out: one try, whose skip names the holder.
     return acquire(db, claim, options.scope, lease)
+
+
+def _acquire_polling(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
+    """``wait=True`` on rows (behind a transaction pooler): no server lock queue to wait
+    in, so look every ``WAIT_POLL`` seconds whether the lock is free, then try it (a try
+    that loses the race to another waiter is a skip row, and the wait goes on)."""
+    deadline = None if options.timeout is None else time.monotonic() + options.timeout
+    while True:
+        free = _free_by(db, claim, deadline)
+        outcome = acquire(db, claim, options.scope, options.lease_seconds)
+        if not free or isinstance(outcome, Lease) or outcome.reason != "locked":
+            return outcome
+
+
+def _free_by(db: Database, claim: Claim, deadline: float | None) -> bool:
+    """Wait until no one holds ``claim``'s lock; False when ``deadline`` came first."""
+    while True:
+        with db.statements() as statements:
+            row = statements.row("lock_free", {"keys": list(claim.keys or (claim.key,))})
+        if row is not None and row["free"]:
+            return True
+        if deadline is not None and time.monotonic() + WAIT_POLL > deadline:
+            return False
+        time.sleep(WAIT_POLL)
 
 
 def wait_for_lock(db: Database, key: int, options: LockOptions) -> LockSession | None:

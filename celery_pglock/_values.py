@@ -13,12 +13,14 @@ OnDbError = Literal["retry", "fail", "run"]
 Coalesce = Literal["all", "latest"]
 CatchUp = Literal["none", "latest", "all"]
 Overlap = Literal["skip", "buffer_one", "allow"]
+LockBackend = Literal["auto", "advisory", "rows"]
 
 SCOPES: tuple[Scope, ...] = ("session", "transaction")
 ON_DB_ERROR: tuple[OnDbError, ...] = ("retry", "fail", "run")
 COALESCE: tuple[Coalesce, ...] = ("all", "latest")
 CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
 OVERLAP: tuple[Overlap, ...] = ("skip", "buffer_one", "allow")
+LOCK_BACKENDS: tuple[LockBackend, ...] = ("auto", "advisory", "rows")
 MAX_CONCURRENCY = 64  # advisory keys tried in turn per claim: keep the claim short
 
 
@@ -125,6 +127,17 @@ def pool_size(value: Any) -> int | None:
             f"pglock_pool_size must be a positive int or 'auto', got {value!r}"
         )
     return size
+
+
+def lock_backend(value: Any) -> LockBackend:
+    """``pglock_lock_backend``: "auto" (rows behind a transaction pooler, else advisory),
+    "advisory" or "rows"."""
+    for backend in LOCK_BACKENDS:
+        if value == backend:
+            return backend
+    raise ConfigurationError(
+        f"pglock_lock_backend must be 'auto', 'advisory' or 'rows', got {value!r}"
+    )
 
 
 def idle_timeout(value: Any) -> float | None:

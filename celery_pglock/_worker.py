@@ -27,9 +27,10 @@ from celery_pglock._messages import BUILTIN_PREFIX
 from celery_pglock._startup import refuse_to_start, wait_for_postgres
 from celery_pglock._task import PgLockMixin, locking
 from celery_pglock.errors import ConfigurationError, PgLockError
-from celery_pglock.store._connections import FIX_SCOPE, pooler_message
+from celery_pglock.store._connections import FIX_BACKEND, pooler_message
 from celery_pglock.store._database import (
     check_server,
+    chosen_backend,
     close_all,
     database,
     serve_tasks,
@@ -83,13 +84,23 @@ class StartupCheck(bootsteps.StartStopStep):
             logger=logger,
             interrupt=worker_state.maybe_shutdown,  # SIGTERM while waiting: stop waiting
         )
-        if pooled and (session_scoped := _session_scope_tasks(worker.app)):
+        backend, why = chosen_backend(settings, pooled)
+        session_scoped = _session_scope_tasks(worker.app) if pooled else []
+        if backend == "advisory" and session_scoped:
             logger.error(
                 "%s; these tasks will fail: %s",
-                pooler_message(settings, "session-scope locks", FIX_SCOPE),
+                pooler_message(settings, "session-scope advisory locks", FIX_BACKEND),
                 ", ".join(session_scoped),
                 extra={"action": "pglock_transaction_pooler"},
             )
+        logger.info(
+            "celery-pglock holds session-scope locks on %s: %s",
+            "rows (a row with a lease, renewed by the heartbeat)"
+            if backend == "rows"
+            else "advisory locks (freed the moment their session ends)",
+            why,
+            extra={"action": "pglock_lock_backend", "backend": backend},
+        )
         self._size_connections(worker, settings)
         _checked = True
         logger.info("celery-pglock ready: %r", settings, extra={"action": "pglock_ready"})

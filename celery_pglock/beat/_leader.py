@@ -24,11 +24,12 @@ from celery_pglock.errors import PgLockError
 from celery_pglock.store._connections import HOSTNAME, application_name
 from celery_pglock.store._driver import Connection
 from celery_pglock.store._leader_session import LeaderSession
-from celery_pglock.store.statements import Statements
+from celery_pglock.store.statements import Row, Statements
 
 logger = logging.getLogger("celery_pglock.beat")
 
 RETRY_DELAY = 1.0
+ROW_LEADER_POLL = 0.25  # seconds between looks at a leader elected on rows, until it expired
 
 
 class Competitor:
@@ -77,7 +78,8 @@ class Competitor:
         return True
 
     def verify(self) -> bool:
-        """Ask the server now whether we still lead (after a pause we cannot account for)."""
+        """Ask the server now whether we still lead (after a pause we cannot account for):
+        a ping of the leader's session, or a renewal of its row."""
         lease = self._lease
         if lease is not None:
             lease.ask_server()  # after any heartbeat ping in flight: busy is not "leading"
@@ -141,6 +143,10 @@ class LeaderElection(Competitor):
         session = self._session
         return session.statements() if session is not None else None
 
+    def connection_failed(self, exc: PgLockError) -> None:
+        """The leader's session failed under a claim: the lock went with it."""
+        self.step_down(f"leader connection failed: {exc}")
+
     def step_down(self, cause: str) -> None:
         """Stop leading: close the connection (the server frees the lock) and stand by."""
         lease, self._lease, self._session = self._lease, None, None
@@ -179,6 +185,10 @@ class LeaderElection(Competitor):
         self._waiting = session
         try:
             session.row("leader_wait", {"key": self.claim.key})
+            # Our functions wait out a leader on rows, label the session and arm the
+            # lease: the schema must exist.
+            session.statements().ensure_schema(auto_migrate=self.settings.auto_migrate)
+            self._wait_out_row_leader(session)
             if self._closed.is_set():
                 session.close()
                 return
@@ -189,9 +199,15 @@ class LeaderElection(Competitor):
         finally:
             self._waiting = None
 
+    def _wait_out_row_leader(self, session: LeaderSession) -> None:
+        """A replica elected on rows (behind a transaction pooler) holds no session lock,
+        so the lock queue let us through: lead only once its row expired. Our lock keeps
+        it from renewing, so that is within its lease (``pglock_beat_lease``)."""
+        params = {"key": self.claim.key}
+        while not self._closed.is_set() and _held_on_rows(session.row("row_held", params)):
+            self._closed.wait(ROW_LEADER_POLL)
+
     def _promote(self, session: LeaderSession) -> None:
-        # Our functions label the session and arm the lease: the schema must exist.
-        session.statements().ensure_schema(auto_migrate=self.settings.auto_migrate)
         lease: float | None = None
         if session.lease_supported:
             lease = self.lease_seconds
@@ -210,6 +226,10 @@ class LeaderElection(Competitor):
         if lease is not None:
             watch(granted)
         self._elected()
+
+
+def _held_on_rows(row: Row | None) -> bool:
+    return row is not None and bool(row["held"])
 
 
 def replica_name() -> str:

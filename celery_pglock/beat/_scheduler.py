@@ -38,6 +38,7 @@ from celery_pglock.beat._entries import entry_lock_name
 from celery_pglock.beat._freshness import FreshnessWatch
 from celery_pglock.beat._leader import LeaderElection
 from celery_pglock.beat._planner import Due, SlotPlanner
+from celery_pglock.beat._row_leader import RowElection
 from celery_pglock.beat._sending import Confirmations, HeldStops, batched
 from celery_pglock.beat._settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.beat._stored import StoredEntries
@@ -48,8 +49,8 @@ from celery_pglock.errors import (
     SessionGone,
 )
 from celery_pglock.retention import AutoPrune
-from celery_pglock.store._connections import FIX_BEAT, pooler_message
-from celery_pglock.store._database import check_server, database
+from celery_pglock.store._connections import FIX_BACKEND, pooler_message
+from celery_pglock.store._database import check_server, chosen_backend, database
 from celery_pglock.store.statements import Row, opened
 
 logger = logging.getLogger("celery_pglock.beat")
@@ -108,7 +109,8 @@ class PgLockSchedulerMixin:
         self._pruner = AutoPrune.from_conf(
             app.conf, self.pglock_settings, self.pglock_beat.namespace
         )
-        self._election: LeaderElection | None = None
+        self._election: LeaderElection | RowElection | None = None
+        self._on_rows = False  # leader election on rows (the rows lock backend)
         self._freshness = FreshnessWatch(self.pglock_beat, self._run_query, self)
         self._startup: StartupWait | None = None  # created by the first tick
         self._started = False
@@ -177,11 +179,26 @@ class PgLockSchedulerMixin:
         settings = self.pglock_settings
         if not self.pglock_beat.leader_mode:
             database(settings)  # the pool every replica claims through, checked
-        elif check_server(settings):
-            raise ConfigurationError(pooler_message(settings, "beat leader election", FIX_BEAT))
+        else:
+            self._on_rows = self._election_on_rows(check_server(settings))
         self._load_state_if_pending()
         if self.pglock_beat.leader_mode:
             self._start_election()
+
+    def _election_on_rows(self, pooled: bool) -> bool:
+        """Whether the leader is elected on rows (``chosen_backend``), said once."""
+        settings = self.pglock_settings
+        backend, why = chosen_backend(settings, pooled)
+        if backend == "advisory" and pooled:
+            what = "beat leader election on an advisory lock"
+            raise ConfigurationError(pooler_message(settings, what, FIX_BACKEND))
+        logger.info(
+            "beat leader election on %s: %s",
+            "rows (a leader row with a lease)" if backend == "rows" else "an advisory lock",
+            why,
+            extra={"action": "pglock_lock_backend", "backend": backend},
+        )
+        return backend == "rows"
 
     def _start_failed(self, wait: StartupWait, exc: DatabaseUnavailable) -> None:
         try:
@@ -223,7 +240,8 @@ class PgLockSchedulerMixin:
 
     def _start_election(self) -> None:
         name = leader_lock_name(self.pglock_beat.namespace)
-        self._election = LeaderElection(
+        election = RowElection if self._on_rows else LeaderElection
+        self._election = election(
             self.pglock_settings, lock_name=name, key=lock_key(name), lease=self.pglock_beat.lease
         )
         self._election.start()
@@ -376,7 +394,7 @@ class PgLockSchedulerMixin:
         except SessionGone as exc:
             # A deadlock rolls a statement back; the session and its lock live on.
             if exc.sqlstate != DEADLOCK_DETECTED:
-                self._election.step_down(f"leader connection failed: {exc}")
+                self._election.connection_failed(exc)
             raise
 
     def _sweep_orphans(self) -> None:

@@ -31,8 +31,7 @@ HOSTNAME = socket.gethostname()
 
 POOLER_PROBES = 5  # rounds of the transaction-pooler check (``transaction_pooled``)
 
-FIX_SCOPE = 'set pglock_scope = "transaction" (per task or app-wide), or'
-FIX_BEAT = "set pglock_beat_leader = False (every replica ticks, claims dedupe), or"
+FIX_BACKEND = 'set pglock_lock_backend = "auto" (locks on rows behind a pooler), or'
 
 
 def application_name(role: str = "") -> str:

@@ -24,7 +24,7 @@ from celery_pglock.schema import statement
 from celery_pglock.store import _admission as admission
 from celery_pglock.store import _unwaited as unwaited
 from celery_pglock.store._connections import (
-    FIX_SCOPE,
+    FIX_BACKEND,
     LEASE_MIN_SERVER_VERSION,
     check_writable,
     connect,
@@ -88,6 +88,17 @@ def _pooler_checked(conn: Connection, settings: Settings) -> bool:
     if pooled:
         _pooled_dsns.add(settings.dsn)
     return pooled
+
+
+def chosen_backend(settings: Settings, pooled: bool) -> tuple[str, str]:
+    """How session-scope locks and beat's leadership are held for ``settings`` ("advisory"
+    or "rows"), and why, as start-up lines and ``status`` say it; ``pooled``: a
+    transaction pooler stands in between (``check_server``)."""
+    if settings.lock_backend != "auto":
+        return settings.lock_backend, f"pglock_lock_backend = {settings.lock_backend!r}"
+    if pooled:
+        return "rows", "a transaction pooler stands between this process and PostgreSQL"
+    return "advisory", "no transaction pooler between this process and PostgreSQL"
 
 
 def pool_size(settings: Settings) -> int:
@@ -183,6 +194,11 @@ class Database:
         worker whose tasks run as threads or greenlets, unless ``pglock_shared_sessions``
         is off."""
         return self.keep_connections and self.settings.shared_sessions and bool(_worker_pool_size)
+
+    @property
+    def on_rows(self) -> bool:
+        """Whether session-scope locks are held on rows (``chosen_backend``)."""
+        return chosen_backend(self.settings, self.transaction_pooled)[0] == "rows"
 
     @property
     def lease_supported(self) -> bool:
@@ -305,10 +321,11 @@ class Database:
             logger.debug("timeline check failed: %s", exc, extra={"action": "pglock_timeline"})
 
     def check_session_scope(self) -> None:
-        """Refuse session-scope locks through a transaction pooler (they would leak)."""
-        if self.transaction_pooled:
-            what = "session-scope locks"
-            raise ConfigurationError(pooler_message(self.settings, what, FIX_SCOPE))
+        """Refuse session-scope advisory locks through a transaction pooler (they would
+        leak): only where ``pglock_lock_backend = "advisory"`` asked for them."""
+        if self.transaction_pooled and not self.on_rows:
+            what = "session-scope advisory locks"
+            raise ConfigurationError(pooler_message(self.settings, what, FIX_BACKEND))
 
     def _learn_server(self, conn: Connection) -> None:
         self.server_version = conn.info.server_version

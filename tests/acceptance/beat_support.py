@@ -41,6 +41,7 @@ from celery_pglock.schema import Tables
 from celery_pglock.store._migrations import ensure_schema
 from tests.apps import testapp
 from tests.apps.harness import app_env
+from tests.faults.pgbouncer import PgBouncer
 from tests.fixtures.pg import drop_schema
 from tests.fixtures.procs import STOP_TIMEOUT, Proc, Procs, wait_until
 
@@ -68,6 +69,8 @@ class Spec:
     stock_beats: int = 0
     django: bool = False
     task: str = TICK
+    # Every process through PgBouncer in transaction pooling: locks and the leader on rows.
+    pooled: bool = False
 
 
 SPECS: dict[str, Spec] = {
@@ -75,6 +78,8 @@ SPECS: dict[str, Spec] = {
     "active": Spec(leader=False),
     "kill": Spec(),
     "freeze": Spec(lease=2.0),
+    "kill-pooled": Spec(pooled=True),
+    "freeze-pooled": Spec(lease=2.0, pooled=True),
     "mixed": Spec(beats=2, stock_beats=1, workers=2, task="testapp.slow_tick"),
     "django": Spec(beats=2, django=True),
     "rabbitmq": Spec(broker="rabbitmq"),
@@ -115,6 +120,7 @@ class Scenario:
     beats: list[Proc] = field(default_factory=list)
     stock: list[Proc] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
+    bouncer: PgBouncer | None = None  # spec.pooled: the PgBouncer every process goes through
     remaining_tests: int = 0
     _once: dict[str, Any] = field(default_factory=dict)
 
@@ -290,6 +296,8 @@ class BeatLab:
         for scenario in scenarios.values():
             with contextlib.suppress(Exception):
                 stop_together(scenario.procs)
+            if scenario.bouncer is not None:
+                scenario.bouncer.stop()
             drop_schema(self.dsn, scenario.schema)
 
     def _start(self, name: str) -> Scenario:
@@ -313,6 +321,9 @@ class BeatLab:
         log_dir.mkdir()
         scenario = Scenario(name, spec, self.dsn, env, Procs(log_dir, cwd=Path.cwd()))
         self.scenarios[name] = scenario  # from here on, close() drops its schema
+        if spec.pooled:
+            scenario.bouncer = PgBouncer(self.dsn, log_dir / "pgbouncer.log")
+            env["PGLOCK_DSN"] = scenario.bouncer.dsn_for("tx")
         prepare_schema(self.dsn, schema)
         if spec.django:
             migrate_django(env, log_dir)

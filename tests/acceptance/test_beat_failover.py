@@ -106,12 +106,39 @@ def test_standby_sends_the_next_slot_after_the_leader_is_killed(scenario: Scenar
     assert fault.first_new.lateness < TAKEOVER_MARGIN
 
 
-@pytest.mark.parametrize("scenario", ["kill"], indirect=True)
+@pytest.mark.parametrize("scenario", ["kill-pooled"], indirect=True)
+def test_behind_a_pooler_a_killed_leader_is_replaced_within_its_lease(scenario: Scenario) -> None:
+    """Behind PgBouncer in transaction pooling the leader holds a row, not a session: a
+    SIGKILLed leader's row frees when its lease runs out, and a standby polls it (every
+    half second at most) and claims the due slot at once: lease + 1 s, plus slack."""
+    fault = scenario.once("kill", lambda: kill_leader(scenario))
+
+    takeover = fault.first_new.claimed_at.timestamp() - fault.at
+
+    assert takeover < fault.lease + 1.0 + TAKEOVER_MARGIN
+    assert "beat leader election on rows" in scenario.proc_of(fault.first_new).log_text()
+
+
+@pytest.mark.parametrize("scenario", ["kill", "kill-pooled"], indirect=True)
 def test_no_slot_runs_twice_when_the_leader_is_killed(scenario: Scenario) -> None:
     """Killing the leader mid-run makes no slot execute twice."""
     scenario.once("kill", lambda: kill_leader(scenario))
 
     assert {} == duplicates(scenario.executed_slots())
+
+
+@pytest.mark.parametrize("scenario", ["kill-pooled"], indirect=True)
+def test_behind_a_pooler_only_slots_due_before_the_takeover_are_missing(
+    scenario: Scenario,
+) -> None:
+    """On rows nobody leads from the kill until the row's lease ran out: slots are missing
+    only between the kill and the new leader's first claim."""
+    fault = scenario.once("kill", lambda: kill_leader(scenario))
+
+    missing = missing_slots(scenario.executed_slots())
+    takeover = fault.first_new.claimed_at.timestamp()
+
+    assert [] == [s for s in missing if not fault.at - 1 <= s <= takeover]
 
 
 @pytest.mark.parametrize("scenario", ["kill"], indirect=True)
@@ -124,7 +151,7 @@ def test_at_most_the_in_flight_slot_is_lost_when_the_leader_is_killed(scenario: 
     assert set(missing) <= {math.floor(fault.at)}
 
 
-@pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
+@pytest.mark.parametrize("scenario", ["freeze", "freeze-pooled"], indirect=True)
 def test_standby_takes_over_within_the_lease_when_the_leader_freezes(scenario: Scenario) -> None:
     """A SIGSTOPped leader is replaced within its lease (plus slack): a standby claims."""
     fault = scenario.once("freeze", lambda: freeze_leader(scenario))
@@ -134,7 +161,7 @@ def test_standby_takes_over_within_the_lease_when_the_leader_freezes(scenario: S
     assert takeover < fault.lease + TAKEOVER_MARGIN
 
 
-@pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
+@pytest.mark.parametrize("scenario", ["freeze", "freeze-pooled"], indirect=True)
 def test_woken_leader_sends_nothing(scenario: Scenario) -> None:
     """After SIGCONT, the old leader makes no claim: every later slot has another sender."""
     fault = scenario.once("freeze", lambda: freeze_leader(scenario))
@@ -147,7 +174,7 @@ def test_woken_leader_sends_nothing(scenario: Scenario) -> None:
     assert [] == late
 
 
-@pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
+@pytest.mark.parametrize("scenario", ["freeze", "freeze-pooled"], indirect=True)
 def test_woken_leader_logs_that_it_stepped_down(scenario: Scenario) -> None:
     """The old leader learns on waking that it lost leadership, and says so, naming its
     host and pid (two replicas on one host must not look alike)."""
@@ -158,7 +185,7 @@ def test_woken_leader_logs_that_it_stepped_down(scenario: Scenario) -> None:
     assert f"{replica} is now the leader" in fault.old.log_text()
 
 
-@pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
+@pytest.mark.parametrize("scenario", ["freeze", "freeze-pooled"], indirect=True)
 def test_no_slot_runs_twice_when_the_leader_freezes(scenario: Scenario) -> None:
     """Freezing and waking the leader makes no slot execute twice."""
     scenario.once("freeze", lambda: freeze_leader(scenario))
@@ -166,7 +193,7 @@ def test_no_slot_runs_twice_when_the_leader_freezes(scenario: Scenario) -> None:
     assert {} == duplicates(scenario.executed_slots())
 
 
-@pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
+@pytest.mark.parametrize("scenario", ["freeze", "freeze-pooled"], indirect=True)
 def test_only_slots_due_while_nobody_led_are_missing(scenario: Scenario) -> None:
     """Slots are missing only between the freeze and the new leader's first claim."""
     fault = scenario.once("freeze", lambda: freeze_leader(scenario))
@@ -177,7 +204,7 @@ def test_only_slots_due_while_nobody_led_are_missing(scenario: Scenario) -> None
     assert [] == [s for s in missing if not fault.at - 1 <= s <= takeover]
 
 
-@pytest.mark.parametrize("scenario", ["freeze"], indirect=True)
+@pytest.mark.parametrize("scenario", ["freeze", "freeze-pooled"], indirect=True)
 def test_new_leader_sends_the_slot_that_fell_due_before_it_took_over(scenario: Scenario) -> None:
     """The slot due when a standby was promoted runs (late), not skipped as already seen."""
     fault = scenario.once("freeze", lambda: freeze_leader(scenario))

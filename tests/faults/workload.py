@@ -489,6 +489,8 @@ class Workload:
         names |= {s.lock for s in self.sent if _lockable(s.lock)}
         names |= {f"{self.namespace}:beat-leader"}
         report.held_locks = held_locks(self.admin_dsn, names)
+        lease = float(self.env.get("TEST_LEASE", "30"))
+        report.held_locks += held_rows(self.admin_dsn, self.schema, names, lease + GONE_TIMEOUT)
         report.open_sessions = open_sessions(self.admin_dsn, self.pids)
         report.crashed = [f"{name} exited {code}" for name, code in self.exit_codes.items() if code]
         report.slots = len(ledger)
@@ -592,6 +594,27 @@ def held_locks(dsn: str, names: Iterable[str]) -> list[str]:
     return [
         f"{by_key.get(key, key)} by backend {pid} (granted {granted})" for key, pid, granted in rows
     ]
+
+
+def held_rows(dsn: str, schema: str, names: Iterable[str], timeout: float) -> list[str]:
+    """Which of the locks ``names`` a row still holds (the rows lock backend), once a
+    holder killed before the stop had time to let its lease run out."""
+    query = sql.SQL(
+        "SELECT lock_name, token, task_id FROM {} WHERE expires_at > now() "
+        "AND lock_name = ANY(%s) ORDER BY lock_name"
+    ).format(sql.Identifier(schema, "pglock_row_locks"))
+
+    def held() -> list[str]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            try:
+                rows = conn.execute(query, (sorted(names),)).fetchall()
+            except psycopg.errors.UndefinedTable:  # the schema was never created
+                return []
+        return [f"{name} by the row of token {token} (task {task})" for name, token, task in rows]
+
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not held(), timeout=timeout, interval=0.2, message="rows to expire")
+    return held()
 
 
 def open_sessions(dsn: str, pids: set[int], timeout: float = GONE_TIMEOUT) -> list[str]:

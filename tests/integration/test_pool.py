@@ -13,6 +13,8 @@ from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key
 from celery_pglock._ledger import SUCCEEDED
 from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease
+from celery_pglock._row_hold import RowHold
 from celery_pglock._runs import give_back_failed
 from celery_pglock.errors import ConfigurationError, DatabaseUnavailable
 from celery_pglock.store import _database as db_module
@@ -178,11 +180,17 @@ def test_a_process_keeps_what_its_parent_found_of_a_transaction_pooler(
     pg_dsn: str, pglock_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker's start-up check found a transaction pooler at this DSN (``check_server``):
-    a pool opened afterwards in the process, or in a child it forks, refuses session-scope
-    locks without checking again (a child's own check may miss it while its siblings
-    start at once)."""
+    a pool opened afterwards in the process, or in a child it forks, holds session-scope
+    locks on rows without checking again (a child's own check may miss it while its
+    siblings start at once), and refuses them where advisory locks were asked for."""
     monkeypatch.setattr(db_module, "_pooled_dsns", {pg_dsn})  # as check_server leaves it
     with open_database(Settings(dsn=pg_dsn, schema=pglock_schema)) as db:
-        assert db.transaction_pooled
-        with pytest.raises(ConfigurationError, match='pglock_scope = "transaction"'):
-            acquire(db, claim(f"{pglock_schema}:pooled"), "session", None)
+        assert (True, True) == (db.transaction_pooled, db.on_rows)
+        lease = acquire(db, claim(f"{pglock_schema}:pooled"), "session", None)
+        assert isinstance(lease, Lease)
+        assert isinstance(lease.lock_session, RowHold)
+        release(db, lease, SUCCEEDED)
+    advisory = Settings(dsn=pg_dsn, schema=pglock_schema, lock_backend="advisory")
+    refused = pytest.raises(ConfigurationError, match='pglock_lock_backend = "auto"')
+    with open_database(advisory) as db, refused:
+        acquire(db, claim(f"{pglock_schema}:pooled"), "session", None)

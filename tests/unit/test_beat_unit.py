@@ -603,6 +603,9 @@ class ElectionOnOneStatement:
 
         return SimpleNamespace(rows=rows)
 
+    def connection_failed(self, exc: Exception) -> None:
+        self.step_down(f"leader connection failed: {exc}")
+
     def step_down(self, cause: str) -> None:
         self.stepped_down.append(cause)
 
