@@ -82,7 +82,9 @@ def require_tables(statements: Statements) -> int:
 
 
 def describe_session(row: Row) -> Row:
-    """Who a lock session belongs to: holder row, else the application_name we set."""
+    """Who a lock session belongs to: holder row, else the application_name we set. A
+    lock held on rows (``lock_backend`` "rows") has no session: its row says who holds it,
+    until ``expires_at`` unless renewed."""
     app_name = row.get("application_name")
     if row.get("recorded"):
         who = {"host": row["host"], "pid": row["pid"], "task_id": row["task_id"]}
@@ -93,12 +95,16 @@ def describe_session(row: Row) -> Row:
     else:
         who = {**_our_session(app_name), "scope": None, "slot": None, "token": None}
         who["since"] = None
+    on_rows = row.get("expires_at") is not None
     who.update(
         backend_pid=row["backend_pid"],
         application_name=app_name,
         client_addr=row.get("client_addr"),
         user=row.get("usename"),
+        lock_backend="rows" if on_rows else "advisory",
     )
+    if on_rows:
+        who["expires_at"] = row["expires_at"]
     if "other_locks" in row:  # a lock's holders (``holders``): what else its session holds
         who["other_locks"] = row["other_locks"]
     return who
@@ -304,7 +310,8 @@ def force_release(
 
     The server frees a session's advisory locks when it ends it; the holder learns on its
     next use of the connection (its lease heartbeat, at most a third of the lease later)
-    and reports ``lock_lost``. The operator is logged at WARNING: ending someone's session
+    and reports ``lock_lost``. A lock held on rows is freed by deleting its row; its holder
+    learns at its next renewal. The operator is logged at WARNING: ending someone's session
     is an action to be able to trace.
     """
     found = holders(statements, name)
@@ -312,15 +319,26 @@ def force_release(
         return None
     key = lock_key(name)
     keys = lock_keys_of(statements, name)
-    params = {"keys": keys, "pids": [h["backend_pid"] for h in found]}
+    on_rows = [h for h in found if h["lock_backend"] == "rows"]
+    params = {"keys": keys, "pids": [h["backend_pid"] for h in found if h not in on_rows]}
     ended = {row["backend_pid"] for row in statements.rows("ops_terminate", params)}
-    terminated = [h for h in found if h["backend_pid"] in ended]
+    terminated = [h for h in found if h not in on_rows and h["backend_pid"] in ended]
+    terminated += _release_rows(statements, keys, on_rows)
     done = ForcedRelease(
         name, key, terminated, _wait_released(statements, params, wait), operator()
     )
     for holder in terminated:
         _log_release(done, holder)
     return done
+
+
+def _release_rows(statements: Statements, keys: list[int], found: list[Row]) -> list[Row]:
+    """Delete the rows of the holders on rows in ``found``: those it freed."""
+    if not found:
+        return []
+    params = {"keys": keys, "tokens": [h["token"] for h in found]}
+    freed = {row["token"] for row in statements.rows("ops_release_rows", params)}
+    return [h for h in found if h["token"] in freed]
 
 
 def _wait_released(statements: Statements, params: Row, wait: float) -> bool:
@@ -336,11 +354,12 @@ def _wait_released(statements: Statements, params: Row, wait: float) -> bool:
 
 
 def _log_release(done: ForcedRelease, holder: Row) -> None:
+    pid = holder["backend_pid"]
     logger.warning(
-        "lock %r released by %s: terminated backend %d (holder %s pid %s task %s)",
+        "lock %r released by %s: %s (holder %s pid %s task %s)",
         done.lock,
         done.operator,
-        holder["backend_pid"],
+        "deleted its row" if pid is None else f"terminated backend {pid}",
         holder.get("host"),
         holder.get("pid"),
         holder.get("task_id"),

@@ -82,7 +82,7 @@ def locks_text(locks: list[Row]) -> str:
                 lock["lock"] or "(unknown name)",
                 _held(lock.get("held", 1), limit),
                 lock["key"],
-                holder.get("scope"),
+                _scope(holder),
                 *_who(lock["holder"]),
                 holder.get("slot"),
                 holder.get("token"),
@@ -94,6 +94,17 @@ def locks_text(locks: list[Row]) -> str:
     if waiting:
         text += "\n\n" + waiters_text(waiting)
     return text
+
+
+def _scope(holder: Row) -> str | None:
+    """``SCOPE``: a lock held on rows (behind a transaction pooler) says so."""
+    scope = holder.get("scope")
+    return f"{scope} (rows)" if holder.get("lock_backend") == "rows" else scope
+
+
+def _backend(session: Row) -> Any:
+    """``BACKEND``: the server process of the holder's session; a lock on rows has none."""
+    return "(on rows)" if session.get("lock_backend") == "rows" else session["backend_pid"]
 
 
 def _held(held: int, limit: int | None) -> str | None:
@@ -136,7 +147,7 @@ def beat_text(beat: Row) -> str:
     sessions = [("leader", beat["leader"])] if beat["leader"] else []
     sessions += [("standby", standby) for standby in beat["standbys"]]
     for role, session in sessions:
-        pids = (session["pid"], session["backend_pid"])
+        pids = (session["pid"], _backend(session))
         since = when(session.get("since") or session.get("waiting_since"))  # elected / waiting
         rows.append((role, session["host"], *pids, since, session["application_name"]))
     title = f"BEAT ({beat['lock']}): " + ("leader elected" if beat["leader"] else "no leader")
@@ -237,11 +248,11 @@ def holders_text(name: str, holders: list[Row]) -> str:
     headers = ("BACKEND", "HOST", "PID", "TASK ID", "SCOPE", "SINCE", "APPLICATION")
     rows = [
         (
-            h["backend_pid"],
+            _backend(h),
             h["host"],
             h["pid"],
             h["task_id"],
-            h["scope"],
+            _scope(h),
             when(h["since"]),
             h["application_name"],
         )

@@ -101,6 +101,13 @@ def chosen_backend(settings: Settings, pooled: bool) -> tuple[str, str]:
     return "advisory", "no transaction pooler between this process and PostgreSQL"
 
 
+def lock_backend(settings: Settings) -> tuple[str, str]:
+    """``chosen_backend`` for ``settings``, the pooler checked on a connection of its own
+    (as ``celery pglock status`` says it for the app's DSN)."""
+    with connect(settings) as conn, boundary(settings):
+        return chosen_backend(settings, _pooler_checked(conn, settings))
+
+
 def pool_size(settings: Settings) -> int:
     """How many connections this process's pool for ``settings`` may open."""
     if settings.pool_size is not None:

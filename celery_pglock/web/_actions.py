@@ -126,7 +126,7 @@ def _outcome(kind: str, identity: Identity, done: Row) -> str:
             f" ({planned - sending} of the range left: they ran)"
         )
     ended = len(done["terminated"])
-    return f"lock {done['lock']} released by {who}: {ended} session(s) ended"
+    return f"lock {done['lock']} released by {who}: {ended} holder(s) ended"
 
 
 def _refusal(

@@ -143,11 +143,19 @@ def intervals(project: Project) -> list[tuple[float, float]]:
 def test_behind_a_pooler_a_long_locked_job_is_never_overlapped(pooled: Project) -> None:
     """A one-at-a-time job three leases long, a new message every second: its lock is kept
     by renewals alone, each message meanwhile is SKIPPED (locked), and no two runs of it
-    overlap."""
+    overlap; ``celery pglock status`` through the pooler shows its holder, on rows."""
     readme_project(pooled, LOCKED_TASKS)
     pooled.worker("-P", "prefork", "-c", "4")
 
-    results = pooled.call(OVERLAPPING)
+    sending = pooled.call_async(OVERLAPPING)
+    wait_until(lambda: started_note(pooled, "first"), timeout=DEADLINE, message="first runs")
+    code, shown = pooled.cli("status")
+    results = sending.result(DEADLINE * 2)
+
+    assert 0 == code, shown
+    assert "session-scope locks and beat's leader on rows (a transaction pooler" in shown
+    held = [line for line in shown.splitlines() if "long_cleanup" in line and "(rows)" in line]
+    assert 1 == len(held), shown  # its holder: SCOPE "session (rows)"
 
     runs = intervals(pooled)
     assert [] == [(a, b) for a, b in itertools.pairwise(runs) if b[0] < a[1]]

@@ -48,9 +48,10 @@ TASK = "cli.job"
 STATUS_KEYS = {"namespace", "schema", "table_prefix", "locks", "beat", "running", "skips"}
 STATUS_KEYS |= {"rogue_sends"}
 STATUS_KEYS |= {"freshness", "paused", "tasks", "waiting", "entries_shadowed"}
+STATUS_KEYS |= {"lock_backend", "lock_backend_why"}
 LOCK_KEYS = {"lock", "key", "holder", "waiters", "concurrency", "held"}
 HOLDER_KEYS = {"host", "pid", "task_id", "scope", "slot", "token", "since", "backend_pid"}
-HOLDER_KEYS |= {"application_name", "client_addr", "user"}
+HOLDER_KEYS |= {"application_name", "client_addr", "user", "lock_backend"}
 RUN_KEYS = {"lock_name", "slot", "state", "attempts", "token", "task_name", "task_id", "host"}
 RUN_KEYS |= {"pid", "started_at", "finished_at", "duration_seconds", "skips", "skip_reasons"}
 
@@ -148,11 +149,15 @@ def test_status_json_describes_holder_running_row_and_skips(
         (skip["reason"], skip["task_id"], skip["holder_task_id"]) for skip in payload["skips"]
     ]
     assert {"lock", "key", "leader", "standbys"} == set(payload["beat"])
+    assert ("advisory", "no transaction pooler between this process and PostgreSQL") == (
+        payload["lock_backend"],
+        payload["lock_backend_why"],
+    )
 
 
 OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
 # Fields not always there: a task's when its options are invalid; a waiter's.
-OPTIONAL = {"task": {"error"}, "session": {"waiting_since"}}
+OPTIONAL = {"task": {"error"}, "session": {"waiting_since", "expires_at"}}
 
 
 def documented_fields() -> dict[str, set[str]]:

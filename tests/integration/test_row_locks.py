@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_pglock import advisory_lock, fence
+from celery_pglock import _controls as controls
+from celery_pglock import advisory_lock, fence, ops
 from celery_pglock._config import Settings
 from celery_pglock._heartbeat import unwatch
 from celery_pglock._keys import lock_key
@@ -25,6 +26,7 @@ from celery_pglock._locks import acquire, release
 from celery_pglock._row_hold import RowHold
 from celery_pglock.errors import DatabaseUnavailable, LockLost, StaleToken
 from celery_pglock.store._database import Database
+from celery_pglock.store.statements import OnConnection
 from tests.fixtures.procs import wait_until
 from tests.integration.locking import (
     Conn,
@@ -218,6 +220,40 @@ def test_concurrency_on_rows_holds_n_rows_and_skips_the_next(db: Database, job: 
     assert "locked" == skipped(acquire(db, third, "session", LEASE)).reason
     release(db, first, SUCCEEDED)
     release(db, second, SUCCEEDED)
+
+
+def test_status_and_release_show_and_free_a_holder_on_rows(
+    db: Database, pg_conn: Conn, pglock_schema: str, job: str
+) -> None:
+    """``status`` and ``why`` show a holder on rows as an advisory one (who, slot, token,
+    since) and say it is on rows; ``release`` deletes its row, and the holder learns at
+    its check."""
+    lease = granted(acquire(db, claim(job, SLOT, "t-ops"), "session", LEASE))
+    statements = OnConnection(pg_conn, db.tables)
+
+    found = [e for e in ops.status(statements, namespace=pglock_schema).locks if e["lock"] == job]
+    who = found[0]["holder"]
+    assert ("session", "t-ops", SLOT, lease.token, "rows", None) == (
+        who["scope"],
+        who["task_id"],
+        who["slot"],
+        who["token"],
+        who["lock_backend"],
+        who["backend_pid"],
+    )
+    [holder] = ops.holders(statements, job)
+    assert ("t-ops", "rows") == (holder["task_id"], holder["lock_backend"])
+    target = controls.Target(db.tables, pglock_schema, "alice")
+    found_why = controls.why(statements, target, lock_name=job, slot=SLOT, entry=None)
+    assert ("t-ops", lease.token) == (found_why["holder"]["task_id"], found_why["run"]["token"])
+
+    done = ops.force_release(statements, job)
+    assert done is not None
+    assert (True, 1) == (done.released, len(done.terminated))
+    assert [] == ops.holders(statements, job)
+    with pytest.raises(LockLost):
+        lease.check()
+    release(db, lease, SUCCEEDED)
 
 
 def test_a_wait_on_rows_polls_until_the_holder_releases(

@@ -5,6 +5,7 @@ the page it leads to shows."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -15,9 +16,14 @@ from psycopg import sql
 from werkzeug.test import Client
 
 from celery_pglock import ops
-from celery_pglock._config import app_settings
+from celery_pglock._config import Settings, app_settings
+from celery_pglock._locks import acquire, release
+from celery_pglock._protocol import Lease
+from celery_pglock.errors import LockLost
+from celery_pglock.store._connections import HOSTNAME
 from celery_pglock.web import Dashboard, make_app
 from celery_pglock.web.security import Identity
+from tests.integration.locking import claim, open_database
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +160,32 @@ def test_a_stored_entry_s_hostile_arguments_stay_inside_the_edit_form(
     assert 'onfocus="alert(1)' not in page
     assert "<script>alert(2)" not in page
     assert "autofocus onfocus=&#34;alert(1)" in page.replace("\\&#34;", "&#34;")
+
+
+def test_a_holder_on_rows_shows_on_the_locks_page_and_is_released_from_it(
+    pg_dsn: str, pglock_schema: str
+) -> None:
+    """A lock held on rows (behind a transaction pooler) shows on the locks page as an
+    advisory one does, said to be on rows; *Release* confirms that its row is deleted,
+    and after it the lock is free."""
+    board, client = dashboard(pg_dsn, pglock_schema)
+    name = f"{pglock_schema}:webapp.tick"
+    settings = Settings(dsn=pg_dsn, schema=pglock_schema, lock_backend="rows")
+    with open_database(settings) as db:
+        lease = acquire(db, claim(name, None, "t-rows"), "session", 30.0)
+        assert isinstance(lease, Lease)
+
+        page = client.get("/locks").get_data(as_text=True)
+        assert f"{HOSTNAME} pid {os.getpid()} (on rows)" in page
+        form = {"lock": name, "csrf": board.csrf.token(ANN)}
+        review = client.post("/action/release", data={**form, "step": "review"}, headers=ORIGIN)
+        assert "a lock on rows: its row is deleted" in review.get_data(as_text=True)
+        done = client.post("/action/release", data={**form, "step": "confirm"}, headers=ORIGIN)
+
+        assert 303 == done.status_code, done.get_data(as_text=True)
+        assert f"{HOSTNAME} pid {os.getpid()} (on rows)" not in client.get("/locks").get_data(
+            as_text=True
+        )
+        with pytest.raises(LockLost):
+            lease.check()
+        release(db, lease, "succeeded")
