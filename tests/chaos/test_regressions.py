@@ -49,6 +49,13 @@
   Certain here: a trigger ends the session that forgets the waiting row. Fixed: the
   waiting statements' errors are a ``DatabaseUnavailable`` (``Database.connection``), and
   the granted lock is given back (recorded failed) before the message is retried.
+- D10, seed 2612 (issue 35, every process behind PgBouncer's transaction pooling): a
+  worker failed to start, ``prepared statement "_pg3_1" does not exist``. Its start-up
+  connection runs one statement more than five times (the pooler check, a migration), so
+  psycopg prepared it on one server connection; with other processes starting through
+  the pooler at once, the next run of it landed on another server connection. Prepared
+  statements were turned off only on the pool's connections, once the pooler was known.
+  Certain here: another client takes the server connection in between.
 """
 
 from __future__ import annotations
@@ -61,8 +68,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from celery_pglock._config import Settings
 from celery_pglock._keys import lock_key, split_key
-from celery_pglock.schema import Tables
+from celery_pglock.schema import Tables, statement
+from celery_pglock.store._connections import connect
 from celery_pglock.store._migrations import ensure_schema
 from celery_pglock.testing.embedded import EmbeddedPostgres
 from tests.apps import testapp
@@ -75,6 +84,7 @@ pytestmark = pytest.mark.chaos
 
 SLOT = "2026-11-29T18:05:00Z"
 DEADLINE = 30.0
+PREPARED_AFTER = 5  # psycopg's prepare_threshold: a statement run this often is prepared
 
 
 def holder_backend(dsn: str, lock: str) -> int | None:
@@ -347,3 +357,22 @@ def test_a_buffer_one_run_whose_waiting_row_cannot_be_forgotten_gives_its_lock_b
 
     assert ("SUCCESS", "succeeded", 2) == (sent.state, row["state"], row["attempts"])
     assert None is holder_backend(private_pg.dsn, lock)
+
+
+@pytest.mark.xfail(strict=True, reason="D10: not fixed yet")
+def test_a_start_up_connection_behind_pgbouncer_never_prepares_a_statement(
+    pg_dsn: str, procs: Procs
+) -> None:
+    """D10: a statement run on a one-off connection (start-up checks, the CLI) as often as
+    the pooler check runs one still works when the pooler hands the next run to another
+    server connection."""
+    with pgbouncer.started(pg_dsn, procs.log_dir / "pgbouncer.log") as bouncer:
+        settings = Settings(dsn=bouncer.dsn_for("tx"))
+        with connect(settings) as conn:
+            for _ in range(PREPARED_AFTER + 1):
+                conn.execute(statement("show_setting"), {"name": "server_version"})
+            # Another client takes the server connection this one just used (last in,
+            # first out) and keeps it in its transaction: the next run goes elsewhere.
+            with psycopg.connect(bouncer.dsn_for("tx")) as other:
+                other.execute("SELECT 1")
+                conn.execute(statement("show_setting"), {"name": "server_version"})
