@@ -29,6 +29,7 @@ LEASE_MIN_SERVER_VERSION = 140000  # idle_session_timeout appeared in PostgreSQL
 CLIENT_CHECK_MS = 1000  # how often a waiting backend looks whether its client is alive
 HOSTNAME = socket.gethostname()
 
+PREPARE_THRESHOLD = 5  # psycopg's default: a statement run this often is prepared
 POOLER_PROBES = 5  # rounds of the transaction-pooler check (``transaction_pooled``)
 
 FIX_BACKEND = 'set pglock_lock_backend = "auto" (locks on rows behind a pooler), or'
@@ -57,9 +58,14 @@ def connect_kwargs(settings: Settings) -> dict[str, Any]:
 
 
 def connect(settings: Settings, **overrides: Any) -> Connection:
-    """A new, unpooled connection (CLI, beat leader, start-up checks)."""
+    """A new, unpooled connection (CLI, beat leader, start-up checks). It prepares no
+    statement: whether a transaction pooler stands in between is not known yet (or never
+    checked), and a statement prepared on one server connection is unknown to the next
+    one the pooler picks (psycopg prepares one run five times: the pooler check, a
+    migration, a prune's batches). The beat leader's session, never pooled, prepares."""
+    options = {**connect_kwargs(settings), "prepare_threshold": None, **overrides}
     with boundary(settings):
-        return psycopg.connect(settings.dsn, **{**connect_kwargs(settings), **overrides})
+        return psycopg.connect(settings.dsn, **options)
 
 
 def show_setting(conn: Connection, name: str) -> str | None:

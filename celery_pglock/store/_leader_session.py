@@ -13,6 +13,7 @@ from __future__ import annotations
 from celery_pglock._config import Settings
 from celery_pglock.store._connections import (
     LEASE_MIN_SERVER_VERSION,
+    PREPARE_THRESHOLD,
     application_name,
     cancel_quietly,
     close_quietly,
@@ -34,6 +35,7 @@ class LeaderSession(DriverSession):
             settings,
             application_name=application_name(" beat standby"),
             tcp_user_timeout=round(lease_seconds * 1000),
+            prepare_threshold=PREPARE_THRESHOLD,  # never behind a transaction pooler
         )
         try:
             with boundary(settings, conn):

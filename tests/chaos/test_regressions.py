@@ -55,7 +55,8 @@
   psycopg prepared it on one server connection; with other processes starting through
   the pooler at once, the next run of it landed on another server connection. Prepared
   statements were turned off only on the pool's connections, once the pooler was known.
-  Certain here: another client takes the server connection in between.
+  Certain here: another client takes the server connection in between. Fixed: a one-off
+  connection prepares nothing (the beat leader's session, never pooled, still does).
 """
 
 from __future__ import annotations
@@ -359,7 +360,6 @@ def test_a_buffer_one_run_whose_waiting_row_cannot_be_forgotten_gives_its_lock_b
     assert None is holder_backend(private_pg.dsn, lock)
 
 
-@pytest.mark.xfail(strict=True, reason="D10: not fixed yet")
 def test_a_start_up_connection_behind_pgbouncer_never_prepares_a_statement(
     pg_dsn: str, procs: Procs
 ) -> None:
