@@ -41,6 +41,9 @@ from celery_pglock.store._lock_sessions import LockSession, Row
 
 logger = logging.getLogger("celery_pglock")
 
+OWN_ATTEMPT_POLL = 0.25  # seconds between looks at a redelivered message's earlier row
+OWN_ATTEMPT_SLACK = 1.0  # seconds past its expiry to stop looking (clocks, round trips)
+
 
 def lease_ms(seconds: float | None) -> str | None:
     """A lease for the statements (``set_lease``): milliseconds, or None for none."""
@@ -125,6 +128,8 @@ def _acquire_on_rows(db: Database, claim: Claim, lease_seconds: float) -> Lease 
         # An advisory holder's release may be in flight, sent without waiting (as in
         # ``acquire``): one more try, a round trip later, before skipping.
         session, row = _try_lock(db, "acquire_rows", params, "session", session)
+    if not row["acquired"] and _own_attempt_died(session, claim):
+        session, row = _try_lock(db, "acquire_rows", params, "session", session)
     granted = verdict(claim, row)
     if isinstance(granted, str):  # the row is held only once the slot is claimed: not now
         return _skip(
@@ -135,6 +140,30 @@ def _acquire_on_rows(db: Database, claim: Claim, lease_seconds: float) -> Lease 
     lease = Lease(granted, "session", hold, row["token"], row["attempts"], lease_seconds)
     watch(lease)
     return lease
+
+
+def _own_attempt_died(session: LockSession, claim: Claim) -> bool:
+    """Whether the row holding ``claim``'s lock was this very message's earlier attempt,
+    which died: a redelivery (``acks_late`` after a SIGKILLed pool process) finds it
+    unexpired, since on rows nothing frees a dead holder's lock but its lease. Waits while
+    that row lives unrenewed: True once it expired (the attempt died, the lock is free),
+    False when it was renewed (the attempt lives: the copy is a duplicate) or when another
+    message holds the lock."""
+    if claim.task_id is None:
+        return False
+    params = {"keys": list(claim.keys or (claim.key,)), "task_id": claim.task_id}
+    first = session.row("own_row_lock", params)
+    if first is None:
+        return False
+    deadline = time.monotonic() + first["seconds_left"] + OWN_ATTEMPT_SLACK
+    while time.monotonic() < deadline:
+        time.sleep(OWN_ATTEMPT_POLL)
+        now = session.row("own_row_lock", params)
+        if now is None:
+            return True
+        if now["expires_at"] != first["expires_at"]:
+            return False
+    return True
 
 
 def _try_lock(

@@ -55,6 +55,15 @@ SELECT lock.acquired, lock.key, lock.token, (SELECT attempts FROM claim) AS atte
        stale.newer_slot, stale.late, (SELECT expires_at FROM held) AS expires_at
   FROM lock, stale;
 
+-- name: own_row_lock
+-- The unexpired row of %(task_id)s holding one of %(keys)s: a redelivered message's own
+-- earlier attempt (see locks._own_attempt_died), with how long it has left.
+SELECT token, expires_at, extract(epoch FROM expires_at - now())::float8 AS seconds_left
+  FROM {row_locks}
+ WHERE lock_key = ANY (%(keys)s::bigint[]) AND task_id = %(task_id)s AND expires_at > now()
+ ORDER BY expires_at DESC
+ LIMIT 1;
+
 -- name: renew_row_lock
 -- The heartbeat: the row's expiry pushed to now() + %(lease_s)s while it is still this
 -- token's and unexpired; `expires_at` NULL: the lock is lost (see the function).

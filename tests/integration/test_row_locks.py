@@ -285,7 +285,6 @@ def test_a_wait_on_rows_polls_until_the_holder_releases(
     assert got.is_set()
 
 
-@pytest.mark.xfail(strict=True, reason="D11: not fixed yet")
 def test_a_redelivery_of_a_message_whose_attempt_died_runs_once_its_lease_ran_out(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
