@@ -55,7 +55,8 @@ define phases
 	exit $$status
 endef
 
-## make test-chaos: the short fixed-seed chaos campaigns (about two minutes);
+## make test-chaos: the short fixed-seed chaos campaigns (about three minutes; one of them
+## with every process behind PgBouncer, locks on rows);
 ## PGLOCK_CHAOS_SEED=N (or random) adds one with that seed. CI runs it after make test.
 test-chaos: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider -m campaign -s -q tests/chaos/test_chaos.py $(PYTEST_ARGS)

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="length of the fault phase")
     parser.add_argument("--quiet", type=float, default=15.0, help="quiet period before checks")
     parser.add_argument("--active-active", action="store_true", help="pglock_beat_leader=False")
+    parser.add_argument(
+        "--pooled", action="store_true", help="every process through PgBouncer (locks on rows)"
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="logs and report.json")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else secrets.randbelow(1_000_000)
@@ -40,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds,
         quiet=args.quiet,
         active_active=args.active_active,
+        pooled=args.pooled,
         workdir=args.workdir,
         out=lambda line: print(line, flush=True),
     )

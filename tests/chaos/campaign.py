@@ -69,6 +69,7 @@ class Options:
     seconds: float = 120.0
     quiet: float = 15.0
     active_active: bool = False
+    pooled: bool = False  # every process through PgBouncer's transaction pooling (on rows)
     workdir: Path | None = None
     out: Callable[[str], None] = print
 
@@ -121,8 +122,11 @@ class Campaign:
         self.out = options.out
         prefix = f"pglock-chaos-{options.seed}-"
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix=prefix))
-        self.cluster = Cluster(self.workdir, active_active=options.active_active)
+        self.cluster = Cluster(
+            self.workdir, active_active=options.active_active, pooled=options.pooled
+        )
         mode = "active-active" if options.active_active else "leader"
+        mode += " pooled" if options.pooled else ""
         self.outcome = Outcome(options.seed, mode, self.workdir)
         self.ready: set[int] = set()
         self.ready_at: dict[int, float] = {}  # pid -> when it was seen up (epoch)
@@ -535,7 +539,7 @@ class Campaign:
             worker_queues={label: spec.queue for label, spec in cluster.specs.items()},
             behind_bouncer=frozenset({"tx"} if tx_queue else ()),
             proxied_queue=queue,
-            leases={task: cluster.lease_of(task) for task, _ in chaosapp.ENTRIES.values()},
+            leases={task: cluster.recovery_lease(task) for task, _ in chaosapp.ENTRIES.values()},
         )
 
     def _gone_at(self, pid: int) -> float:

@@ -20,6 +20,10 @@ Processes (``tests.faults.workload.Workload`` of ``tests.chaos.chaosapp``):
   pooling on a queue of its own (the transaction-scope entry ``tx``); ``w2``, straight to
   PostgreSQL, runs its tasks as threads (``-P threads -c 3``): their session-scope locks
   share one session of the process (``celery_pglock._shared``).
+
+``pooled``: every process goes through PgBouncer's transaction pooling (``wp`` through the
+proxy in front of PgBouncer), so every lock and the beat leader are held on rows
+(``pglock_lock_backend = "auto"``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ BEATS = ("b1", "b2", "b3")
 # holder keeps its lock this long: every slot of its lock due meanwhile is skipped `locked`.
 TASK_LEASE = 2.0
 BEAT_LEASE = 5.0
+ROW_POLL = 0.5  # seconds: how often a standby on rows looks at the leader row, at most
 CONCURRENCY = 2
 POOLER_USER = "chaos_pooler"  # PgBouncer's role: its server sessions are told apart by it
 RECORD_DB = 2  # Redis database of the record of published messages
@@ -79,10 +84,21 @@ SELECT application_name FROM pg_stat_activity
  WHERE application_name LIKE 'celery-pglock beat leader %%' ORDER BY backend_start
 """
 ADVISORY_LOCKS = """
-SELECT (l.classid::bigint << 32) | l.objid::bigint AS key, l.pid AS backend,
+SELECT (l.classid::bigint << 32) | l.objid::bigint AS key, l.pid::text AS backend,
        a.application_name, a.usename
   FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+"""
+# The locks held on rows, named as their holders' sessions would be (``session_pid``).
+ROW_LOCKS = """
+SELECT lock_key AS key, 'row ' || token AS backend,
+       CASE WHEN task_id IS NULL THEN 'celery-pglock beat leader ' || pid || '@' || host
+            ELSE 'pglock ' || pid || ' ' || task_id || ' ' || host END AS application_name,
+       NULL AS usename
+  FROM {row_locks} WHERE expires_at > now()
+"""
+LEADER_ROW = """
+SELECT pid FROM {row_locks} WHERE lock_name = %(name)s AND expires_at > now()
 """
 RUNNING_ROWS = """
 SELECT r.lock_name, r.slot, r.token, r.pid, r.backend_pid,
@@ -90,7 +106,10 @@ SELECT r.lock_name, r.slot, r.token, r.pid, r.backend_pid,
                 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
                   AND l.pid = r.backend_pid
                   AND l.classid = ((r.lock_key >> 32) & 4294967295)::oid
-                  AND l.objid = (r.lock_key & 4294967295)::oid) AS held
+                  AND l.objid = (r.lock_key & 4294967295)::oid)
+       OR EXISTS (SELECT 1 FROM {row_locks} h
+                   WHERE r.backend_pid IS NULL AND h.lock_key = r.lock_key
+                     AND h.token = r.token AND h.expires_at > now()) AS held
   FROM {runs} r WHERE r.state = 'running'
 """
 OPEN_EXECUTIONS = """
@@ -115,9 +134,10 @@ class WorkerSpec:
 class Cluster:
     """Servers and processes of one campaign, in ``workdir``."""
 
-    def __init__(self, workdir: Path, *, active_active: bool) -> None:
+    def __init__(self, workdir: Path, *, active_active: bool, pooled: bool = False) -> None:
         self.workdir = workdir
         self.active_active = active_active
+        self.pooled = pooled
         self.procs = Procs(workdir / "logs", cwd=ROOT)
         self.pg: EmbeddedPostgres = EmbeddedPostgres()  # the primary of the moment
         self.standby: StreamingReplica | None = None  # None while a new one is being built
@@ -158,13 +178,18 @@ class Cluster:
         try:
             self.bouncer = PgBouncer(pooler_dsn, self.workdir / "logs" / "pgbouncer.log")
         except PgBouncerUnavailable as exc:
+            if self.pooled:
+                raise
             self.bouncer_missing = str(exc)
-        self.proxy = TcpProxy("127.0.0.1", self.pg.port)
+        app_dsn = self.bouncer.dsn_for("tx") if self.pooled and self.bouncer else self.admin_dsn
+        # Pooled, the proxy stands in front of PgBouncer: a cut drops client connections.
+        target = self.bouncer.port if self.pooled and self.bouncer else self.pg.port
+        self.proxy = TcpProxy("127.0.0.1", target)
         record_url = f"redis://127.0.0.1:{self.redis.port}/{RECORD_DB}"
         self.w = Workload(
             name="chaos",
             admin_dsn=self.admin_dsn,
-            app_dsn=self.admin_dsn,
+            app_dsn=app_dsn,
             redis_url=self.redis.url,
             procs=self.procs,
             app=APP,
@@ -180,7 +205,7 @@ class Cluster:
             "w1": WorkerSpec(queue),
             "w2": WorkerSpec(queue, pool="threads", concurrency=3),
         }
-        self.specs["wp"] = WorkerSpec(queue, {"PGLOCK_DSN": self.proxy.proxied_dsn(self.pg.dsn)})
+        self.specs["wp"] = WorkerSpec(queue, {"PGLOCK_DSN": self.proxy.proxied_dsn(app_dsn)})
         if self.bouncer is not None:
             tx_queue = f"{queue}-tx"
             self.w.env["CHAOS_TX_QUEUE"] = tx_queue
@@ -234,7 +259,8 @@ class Cluster:
         self.failovers += 1
         self._lost_seat = old
         if self.proxy is not None:
-            self.proxy.target = ("127.0.0.1", self.pg.port)
+            if not self.pooled:  # pooled, it stands in front of PgBouncer, retargeted below
+                self.proxy.target = ("127.0.0.1", self.pg.port)
             self.proxy.cut()
         if self.bouncer is not None:
             self.bouncer.retarget(self.pg.port)
@@ -300,6 +326,8 @@ class Cluster:
         text = proc.log_text()
         if self.active_active:
             return "Sending due task" in text
+        if self.pooled:  # a standby on rows polls the leader row, not the lock queue
+            return "beat leader election on rows" in text
         return "is now the leader" in text or self.workload.standing_by(proc)
 
     def live_beats(self) -> list[tuple[str, Proc]]:
@@ -374,10 +402,24 @@ class Cluster:
         if self.active_active:
             return None
         try:
+            if self.pooled:
+                return self._leader_on_rows()
             rows = self.query(LEADER_SESSION)
         except psycopg.OperationalError:
             return None
         return session_pid(rows[0]["application_name"]) if rows else None
+
+    def _leader_on_rows(self) -> int | None:
+        query = sql.SQL(LEADER_ROW).format(row_locks=self.table("pglock_row_locks"))
+        rows = self.query(query, {"name": f"{self.workload.namespace}:beat-leader"})
+        return int(rows[0]["pid"]) if rows else None
+
+    def recovery_lease(self, task: str) -> float:
+        """How long a lost holder keeps what the task needs: its lock's lease, and on rows
+        also the beat leader's (a killed leader's row lives until its lease ran out)."""
+        if not self.pooled:
+            return self.lease_of(task)
+        return max(self.lease_of(task), BEAT_LEASE + ROW_POLL)
 
     def running_tasks(self) -> list[dict[str, Any]]:
         """Executions running now in a live, unfrozen pool process, oldest token first."""
@@ -403,10 +445,15 @@ class Cluster:
             return []
 
     def advisory_locks(self) -> list[dict[str, Any]]:
-        return self.query(ADVISORY_LOCKS)
+        """The locks held: advisory ones, and those on rows (the rows lock backend)."""
+        on_rows = sql.SQL(ROW_LOCKS).format(row_locks=self.table("pglock_row_locks"))
+        return self.query(ADVISORY_LOCKS) + self.query(on_rows)
 
     def running_rows(self) -> list[dict[str, Any]]:
-        return self.query(sql.SQL(RUNNING_ROWS).format(runs=self.table("pglock_runs")))
+        query = sql.SQL(RUNNING_ROWS).format(
+            runs=self.table("pglock_runs"), row_locks=self.table("pglock_row_locks")
+        )
+        return self.query(query)
 
     def open_executions(self) -> list[dict[str, Any]]:
         return self.query(sql.SQL(OPEN_EXECUTIONS).format(executions=self.table("executions")))

@@ -34,8 +34,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.campaign]
 SECONDS = 30.0  # of faults per campaign: two of them take about two minutes on 2 cores
 QUIET = 12.0  # seconds: beyond the beat leader's 10-s sweep of abandoned rows
 FIXED = [
-    pytest.param(4242, False, id="leader-seed-4242"),
-    pytest.param(1717, True, id="active-active-seed-1717"),
+    pytest.param(4242, False, False, id="leader-seed-4242"),
+    pytest.param(1717, True, False, id="active-active-seed-1717"),
+    # every process through PgBouncer's transaction pooling: locks and leader on rows
+    pytest.param(2612, False, True, id="pooled-seed-2612"),
 ]
 
 
@@ -44,10 +46,10 @@ def chosen() -> list[object]:
     if not raw:
         return []
     seed = secrets.randbelow(1_000_000) if raw == "random" else int(raw)
-    return [pytest.param(seed, False, id=f"chosen-seed-{seed}")]
+    return [pytest.param(seed, False, False, id=f"chosen-seed-{seed}")]
 
 
-def run_campaign(seed: int, active_active: bool, workdir: Path) -> None:
+def run_campaign(seed: int, active_active: bool, pooled: bool, workdir: Path) -> None:
     if shutil.which("pgbouncer") is None and "pgbouncer" in required_services():
         pytest.fail("pgbouncer is not installed but PGLOCK_TEST_REQUIRE lists it", pytrace=False)
     lines: list[str] = []
@@ -56,6 +58,7 @@ def run_campaign(seed: int, active_active: bool, workdir: Path) -> None:
         seconds=SECONDS,
         quiet=QUIET,
         active_active=active_active,
+        pooled=pooled,
         workdir=workdir,
         out=lines.append,
     )
@@ -73,7 +76,9 @@ def run_campaign(seed: int, active_active: bool, workdir: Path) -> None:
         pytest.xfail(f"seed {seed}: only known defects {names} showed: {outcome.last_line}")
 
 
-@pytest.mark.parametrize(("seed", "active_active"), FIXED + chosen())
-def test_a_campaign_keeps_every_promise(seed: int, active_active: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("seed", "active_active", "pooled"), FIXED + chosen())
+def test_a_campaign_keeps_every_promise(
+    seed: int, active_active: bool, pooled: bool, tmp_path: Path
+) -> None:
     """A short campaign with this seed (faults mixed at random) ends with 0 violations."""
-    run_campaign(seed, active_active, tmp_path)
+    run_campaign(seed, active_active, pooled, tmp_path)
