@@ -39,6 +39,7 @@ SECTIONS = (
     "budget",
     "dashboard",
     "handover",
+    "backends",
 )
 DOCS = common.ROOT / "docs"
 PLOTS = DOCS / "benchmarks"
@@ -268,6 +269,23 @@ def newest_sections(run: Run) -> None:
         run.section(dashboard_title(), lambda: dashboard_section(run))
     if "handover" in run.args.only:
         run.section(HANDOVER_TITLE, lambda: handover_section(run))
+    if "backends" in run.args.only:
+        run.section(backends_title(), lambda: backends_section(run))
+
+
+def backends_title() -> str:
+    from benchmarks import backends  # noqa: PLC0415
+
+    return backends.TITLE
+
+
+def backends_section(run: Run) -> tuple[list[str], list[Any]]:
+    """``benchmarks.backends``: advisory locks and rows, side by side."""
+    from benchmarks import backends  # noqa: PLC0415
+
+    sizes = {"rounds": 2, "count": 50, "trials": 2} if run.args.quick else {}
+    broker = run.env["BENCH_BROKER_URL"]
+    return backends.section(backends.run(run.dsn, broker, seed=16, **sizes))
 
 
 HANDOVER_TITLE = "14. Lock handover: a waiter after its holder lets go or dies"
