@@ -49,7 +49,7 @@
   Certain here: a trigger ends the session that forgets the waiting row. Fixed: the
   waiting statements' errors are a ``DatabaseUnavailable`` (``Database.connection``), and
   the granted lock is given back (recorded failed) before the message is retried.
-- D10, seed 2612 (issue 35, every process behind PgBouncer's transaction pooling): a
+- D11, seed 2612 (issue 35, every process behind PgBouncer's transaction pooling): a
   worker failed to start, ``prepared statement "_pg3_1" does not exist``. Its start-up
   connection runs one statement more than five times (the pooler check, a migration), so
   psycopg prepared it on one server connection; with other processes starting through
@@ -363,7 +363,7 @@ def test_a_buffer_one_run_whose_waiting_row_cannot_be_forgotten_gives_its_lock_b
 def test_a_start_up_connection_behind_pgbouncer_never_prepares_a_statement(
     pg_dsn: str, procs: Procs
 ) -> None:
-    """D10: a statement run on a one-off connection (start-up checks, the CLI) as often as
+    """D11: a statement run on a one-off connection (start-up checks, the CLI) as often as
     the pooler check runs one still works when the pooler hands the next run to another
     server connection."""
     with pgbouncer.started(pg_dsn, procs.log_dir / "pgbouncer.log") as bouncer:

@@ -288,7 +288,7 @@ def test_a_wait_on_rows_polls_until_the_holder_releases(
 def test_a_redelivery_of_a_message_whose_attempt_died_runs_once_its_lease_ran_out(
     db: Database, pg_conn: Conn, job: str
 ) -> None:
-    """D11 (chaos seed 2612, behind PgBouncer): a worker's pool process is SIGKILLed in a
+    """D12 (chaos seed 2612, behind PgBouncer): a worker's pool process is SIGKILLed in a
     run and the broker redelivers the message (``acks_late``) within the lease. Its own
     dead attempt's row still holds the lock: the redelivery skipped itself as ``locked``
     and the work was lost (advisory locks free a dead holder's at once). It runs once the
@@ -306,7 +306,7 @@ def test_a_redelivery_of_a_message_whose_attempt_died_runs_once_its_lease_ran_ou
 
 
 def test_a_redelivery_of_a_message_whose_attempt_lives_is_skipped(db: Database, job: str) -> None:
-    """The other side of D11: the broker redelivers a message whose attempt is alive (a
+    """The other side of D12: the broker redelivers a message whose attempt is alive (a
     Redis visibility timeout shorter than the run): its row is renewed, so the copy is
     skipped as ``locked``, naming its own task id as the holder, within a renewal."""
     alive = granted(acquire(db, claim(job, SLOT, "t-long"), "session", LEASE))
