@@ -111,7 +111,9 @@ def acquire(
         session, row = _try_lock(db, name, params, scope, session)
     granted = verdict(claim, row)
     if isinstance(granted, str):
-        held = bool(row["acquired"])
+        # A session that waited holds the lock it waited for even when the grant refused
+        # (a holder on rows): the skip statement frees it, never the pool's next user.
+        held = bool(row["acquired"]) or waited is not None
         return _skip(db, session, claim, scope, held=held, reason=granted, newer=row["newer_slot"])
     lease = Lease(granted, scope, session, row["token"], row["attempts"], lease_seconds)
     if lease_seconds is not None:

@@ -225,21 +225,29 @@ def make_claim(name: str, slot: str | None, task_name: str | None) -> Claim:
 
 def _acquire(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
     lease = options.lease_seconds
+    deadline = None if options.timeout is None else time.monotonic() + options.timeout
     if options.wait and options.timeout != 0 and options.scope == "session" and db.on_rows:
-        return _acquire_polling(db, claim, options)
+        return _acquire_polling(db, claim, options, deadline)
     if options.wait and options.timeout != 0:
         waited = wait_for_lock(db, claim.key, options)
         if waited is not None:
-            return acquire(db, claim, options.scope, lease, waited=waited)
+            outcome = acquire(db, claim, options.scope, lease, waited=waited)
+            if isinstance(outcome, Skip) and outcome.reason == "locked":
+                # Held on rows by a process behind a transaction pooler: the server's
+                # lock queue let us through, so wait as a waiter on rows does.
+                return _acquire_polling(db, claim, options, deadline)
+            return outcome
     # No wait, or the wait ran out: one try, whose skip names the holder.
     return acquire(db, claim, options.scope, lease)
 
 
-def _acquire_polling(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
-    """``wait=True`` on rows (behind a transaction pooler): no server lock queue to wait
-    in, so look every ``WAIT_POLL`` seconds whether the lock is free, then try it (a try
-    that loses the race to another waiter is a skip row, and the wait goes on)."""
-    deadline = None if options.timeout is None else time.monotonic() + options.timeout
+def _acquire_polling(
+    db: Database, claim: Claim, options: LockOptions, deadline: float | None
+) -> Lease | Skip:
+    """``wait=True`` on rows (behind a transaction pooler), or for a holder on rows: no
+    server lock queue to wait in, so look every ``WAIT_POLL`` seconds whether the lock is
+    free, then try it (a try that loses the race to another waiter is a skip row, and the
+    wait goes on) until ``deadline`` (``time.monotonic``; None: for good)."""
     while True:
         free = _free_by(db, claim, deadline)
         outcome = acquire(db, claim, options.scope, options.lease_seconds)

@@ -315,3 +315,34 @@ def test_a_redelivery_of_a_message_whose_attempt_lives_is_skipped(db: Database, 
 
     assert ("locked", "t-long") == (skip.reason, (skip.holder or {}).get("task_id"))
     assert not release(db, alive, SUCCEEDED).lost
+
+
+def test_an_advisory_wait_for_a_lock_held_on_rows_waits_and_leaves_no_lock_behind(
+    db: Database, pg_conn: Conn, pg_dsn: str, pglock_schema: str, job: str
+) -> None:
+    """A fleet half behind a pooler: ``advisory_lock(wait=True)`` on advisory locks, the
+    lock held on rows. The server's lock queue lets the waiter through (no session holds
+    the key), its grant refuses (a row holds it): it polls instead, leaves no advisory
+    lock on a pooled session (the holder on rows keeps renewing), and gets the lock once
+    released."""
+    on_rows = granted(acquire(db, claim(job, None, "t-rows"), "session", LEASE))
+    options: dict[str, Any] = {"dsn": pg_dsn, "schema": pglock_schema, "lease": LEASE}
+    options["lock_backend"] = "advisory"
+    with advisory_lock(job, wait=True, timeout=0.5, **options) as short:
+        assert (False, "locked") == (short.acquired, short.skip.reason if short.skip else None)
+    assert [] == lock_holders(pg_conn, job)
+    on_rows.lock_session.ping()  # renewed: nothing holds the key's advisory lock
+
+    got = threading.Event()
+
+    def waiter() -> None:
+        with advisory_lock(job, wait=True, timeout=30, **options) as handle:
+            if handle.acquired:
+                got.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert not got.wait(1.0)
+    release(db, on_rows, SUCCEEDED)
+    thread.join(30)
+    assert got.is_set()
