@@ -39,7 +39,6 @@ from celery_pglock.errors import ConfigurationError
 from celery_pglock.steering import _reads as reads
 from celery_pglock.steering import actions
 from celery_pglock.steering._apps import namespace
-from celery_pglock.store._database import lock_backend
 from celery_pglock.store.statements import Statements
 
 # -- commands -----------------------------------------------------------------------------
@@ -66,16 +65,15 @@ def status(ctx: click.Context, lock: str | None, skips: int, as_json: bool) -> N
             _one_lock_status(statements, resolve_lock(app, lock), as_json)
             return
         view = reads.status(app, statements, skips=skips)
-        backend, why = lock_backend(app_settings(app))
     if view.note:
         click.echo(view.note, err=True)
     if as_json:
-        output.echo_json({**view.as_json(), "lock_backend": backend, "lock_backend_why": why})
+        output.echo_json(view.as_json())
         return
     found, fresh = view.found, view.fresh
     where = statements.tables.table("*").as_string()
     click.echo(f"celery-pglock: namespace {found.namespace!r}, tables {where}")
-    click.echo(f"session-scope locks and beat's leader on {backend} ({why})\n")
+    click.echo("session-scope locks and beat's leader on {} ({})\n".format(*view.lock_backend))
     parts = [output.freshness_text(fresh)] if fresh else []  # overdue entries first
     parts += [output.rogue_text(found.rogue)] if found.rogue else []
     parts += [output.shadowed_text(view.shadowed)] if view.shadowed else []

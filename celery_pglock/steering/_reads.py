@@ -16,6 +16,7 @@ from celery import Celery
 from celery_pglock import _controls as controls
 from celery_pglock import _slots as slots
 from celery_pglock import ops
+from celery_pglock._config import app_settings
 from celery_pglock.beat._freshness import Freshness, entries_freshness
 from celery_pglock.beat._settings import BeatSettings
 from celery_pglock.errors import ConfigurationError, NotPgLockScheduler
@@ -30,6 +31,7 @@ from celery_pglock.steering._apps import (
     schedule_or_none,
     target,
 )
+from celery_pglock.store._database import lock_backend
 from celery_pglock.store.statements import Statements
 
 
@@ -56,10 +58,12 @@ class StatusView:
     tasks: list[Row]
     note: str | None  # why freshness is not shown, when the beat schedule did not load
     shadowed: list[str]  # entries beat_schedule and PostgreSQL both define (the code's sent)
+    lock_backend: tuple[str, str]  # how the app's processes hold their locks, and why
 
     def as_json(self) -> Row:
         payload = {**self.found.as_json(), "paused": self.paused, "tasks": self.tasks}
         payload["entries_shadowed"] = self.shadowed
+        payload["lock_backend"], payload["lock_backend_why"] = self.lock_backend
         payload["freshness"] = [freshness_row(f) for f in self.fresh]
         result: Row = ops.jsonable(payload)
         return result
@@ -75,7 +79,8 @@ def status(app: Celery, statements: Statements, *, skips: int = 10) -> StatusVie
     view = controls.Target(statements.tables, found.namespace, ops.operator())
     paused = controls.pauses(statements, view)
     fresh, note, shadowed = freshness(app, statements)
-    return StatusView(found, paused, fresh, registered_tasks(app), note, shadowed)
+    backend = lock_backend(app_settings(app))
+    return StatusView(found, paused, fresh, registered_tasks(app), note, shadowed, backend)
 
 
 def freshness(app: Celery, statements: Statements) -> tuple[list[Freshness], str | None, list[str]]:

@@ -103,9 +103,16 @@ def chosen_backend(settings: Settings, pooled: bool) -> tuple[str, str]:
 
 def lock_backend(settings: Settings) -> tuple[str, str]:
     """``chosen_backend`` for ``settings``, the pooler checked on a connection of its own
-    (as ``celery pglock status`` says it for the app's DSN)."""
-    with connect(settings) as conn, boundary(settings):
-        return chosen_backend(settings, _pooler_checked(conn, settings))
+    once per process (as ``celery pglock status`` and the dashboard say it for the app's
+    DSN; the dashboard asks at every page)."""
+    found = _backends.get(settings)
+    if found is None:
+        with connect(settings) as conn, boundary(settings):
+            found = _backends[settings] = chosen_backend(settings, _pooler_checked(conn, settings))
+    return found
+
+
+_backends: dict[Settings, tuple[str, str]] = {}
 
 
 def pool_size(settings: Settings) -> int:
