@@ -55,9 +55,9 @@ define phases
 	exit $$status
 endef
 
-## make test-chaos: the short fixed-seed chaos campaigns (about three minutes; one of them
-## with every process behind PgBouncer, locks on rows);
-## PGLOCK_CHAOS_SEED=N (or random) adds one with that seed. CI runs it after make test.
+## make test-chaos: three short chaos campaigns (about three minutes): active-active, the
+## leader on rows behind PgBouncer, the leader on an advisory lock (seed 4242, or
+## PGLOCK_CHAOS_SEED=N or random). CI runs it after make test, with a random seed.
 test-chaos: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider -m campaign -s -q tests/chaos/test_chaos.py $(PYTEST_ARGS)
 

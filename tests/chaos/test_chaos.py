@@ -1,13 +1,16 @@
-"""Short chaos campaigns with fixed seeds (what CI runs); one more with a seed of your choice.
+"""Short chaos campaigns, one per way of electing beat's leader: two with fixed seeds
+(active-active; on rows, behind PgBouncer), and the advisory leader's with seed 4242, or
+with a seed of your choice.
 
 Each campaign starts its own PostgreSQL, Redis and PgBouncer on loopback ports, injects
 the faults its seed draws for ``SECONDS`` seconds, goes quiet, drains and checks every
 invariant (see ``tests/chaos/invariants.py``). ``PGLOCK_CHAOS_SEED=N`` (or ``random``)
-adds a campaign with that seed, printed in the test id and the output:
+runs the advisory leader's campaign with that seed, printed in the test id and the output
+(CI draws one):
 
     PGLOCK_CHAOS_SEED=random make test-chaos
 
-They are left out of ``make test`` (two minutes on 2 cores); CI runs them after it.
+They are left out of ``make test`` (three minutes on 2 cores); CI runs them after it.
 
 A campaign whose only violations are evidence of a known, reported library defect (see
 ``invariants.KNOWN_DEFECTS`` and ``test_regressions.py``) is an expected failure, so the
@@ -31,20 +34,22 @@ from tests.fixtures.services import required_services, unavailable
 
 pytestmark = [pytest.mark.chaos, pytest.mark.campaign]
 
-SECONDS = 30.0  # of faults per campaign: two of them take about two minutes on 2 cores
+SECONDS = 30.0  # of faults per campaign: three of them take about three minutes on 2 cores
 QUIET = 12.0  # seconds: beyond the beat leader's 10-s sweep of abandoned rows
+# One campaign per way of electing: active-active; the leader on rows, every process
+# through PgBouncer's transaction pooling (seed 2612 found D11 and D12); the leader on an
+# advisory lock is the chosen seed's (CI draws one every run), so .ci/run stays within its
+# 20 minutes (the leader seed 4242 ran here until issue 35).
 FIXED = [
-    pytest.param(4242, False, False, id="leader-seed-4242"),
     pytest.param(1717, True, False, id="active-active-seed-1717"),
-    # every process through PgBouncer's transaction pooling: locks and leader on rows
     pytest.param(2612, False, True, id="pooled-seed-2612"),
 ]
 
 
 def chosen() -> list[object]:
     raw = os.environ.get("PGLOCK_CHAOS_SEED", "").strip()
-    if not raw:
-        return []
+    if not raw:  # the leader on an advisory lock, fixed, when none is chosen
+        return [pytest.param(4242, False, False, id="leader-seed-4242")]
     seed = secrets.randbelow(1_000_000) if raw == "random" else int(raw)
     return [pytest.param(seed, False, False, id=f"chosen-seed-{seed}")]
 
