@@ -9,7 +9,7 @@ SIGSTOP is the acceptance test's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -73,6 +73,24 @@ def expires_at(conn: Conn, db: Database, name: str) -> Any:
     query = db.tables.render("SELECT expires_at FROM {row_locks} WHERE lock_name = %(n)s")
     row = conn.execute(query, {"n": name}).fetchone()
     return row[0] if row else None
+
+
+def waits_then_gets(name: str, options: dict[str, Any], let_go: Callable[[], object]) -> bool:
+    """Whether ``advisory_lock(name, wait=True)`` in a thread waits while the lock is held
+    (a second) and gets it once ``let_go`` freed it."""
+    got = threading.Event()
+
+    def waiter() -> None:
+        with advisory_lock(name, wait=True, timeout=30, **options) as handle:
+            if handle.acquired:
+                got.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    waited = not got.wait(1.0)  # still held: waiting
+    let_go()
+    thread.join(30)
+    return waited and got.is_set()
 
 
 def test_a_lock_on_rows_is_a_row_not_a_session_lock(db: Database, pg_conn: Conn, job: str) -> None:
@@ -270,19 +288,7 @@ def test_a_wait_on_rows_polls_until_the_holder_releases(
         assert short.skip is not None
         assert "t-holder" == (short.skip.holder or {}).get("task_id")
 
-    got = threading.Event()
-
-    def waiter() -> None:
-        with advisory_lock(job, wait=True, timeout=30, **options) as h:
-            if h.acquired:
-                got.set()
-
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    assert not got.wait(1.0)  # still held: waiting
-    release(db, lease, SUCCEEDED)
-    thread.join(30)
-    assert got.is_set()
+    assert waits_then_gets(job, options, lambda: release(db, lease, SUCCEEDED))
 
 
 def test_a_redelivery_of_a_message_whose_attempt_died_runs_once_its_lease_ran_out(
@@ -333,16 +339,4 @@ def test_an_advisory_wait_for_a_lock_held_on_rows_waits_and_leaves_no_lock_behin
     assert [] == lock_holders(pg_conn, job)
     on_rows.lock_session.ping()  # renewed: nothing holds the key's advisory lock
 
-    got = threading.Event()
-
-    def waiter() -> None:
-        with advisory_lock(job, wait=True, timeout=30, **options) as handle:
-            if handle.acquired:
-                got.set()
-
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    assert not got.wait(1.0)
-    release(db, on_rows, SUCCEEDED)
-    thread.join(30)
-    assert got.is_set()
+    assert waits_then_gets(job, options, lambda: release(db, on_rows, SUCCEEDED))
