@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from celery_pglock import signals
@@ -32,7 +33,7 @@ RETRY_DELAY = 1.0
 ROW_LEADER_POLL = 0.25  # seconds between looks at a leader elected on rows, until it expired
 
 
-class Competitor:
+class Competitor(ABC):
     """What every way of electing beat's leader shares: the leader lock's claim, the
     thread that competes (``_run``), and telling alike that this replica now leads (or no
     longer does), and once per outage that it cannot reach PostgreSQL."""
@@ -56,17 +57,19 @@ class Competitor:
         self._thread = threading.Thread(target=self._run, name="pglock-beat-election", daemon=True)
         self._prepare()
 
-    def _prepare(self) -> None:
+    def _prepare(self) -> None:  # noqa: B027 - a hook, optional: the rows' way adds nothing
         """What a way of electing adds to the state above."""
 
     def start(self) -> None:
         self._thread.start()
 
+    @abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """Compete until closed (the thread's body)."""
 
+    @abstractmethod
     def step_down(self, cause: str) -> None:
-        raise NotImplementedError
+        """Stop leading, saying why, and stand by."""
 
     def is_leader(self) -> bool:
         lease = self._lease
