@@ -126,11 +126,12 @@ def _acquire_on_rows(db: Database, claim: Claim, lease_seconds: float) -> Lease 
     params = {**claim.params(), "lease_s": lease_seconds}
     sent = time.monotonic()
     session, row = _try_lock(db, "acquire_rows", params, "session", None)
-    if not row["acquired"]:
-        # An advisory holder's release may be in flight, sent without waiting (as in
-        # ``acquire``): one more try, a round trip later, before skipping.
-        session, row = _try_lock(db, "acquire_rows", params, "session", session)
-    if not row["acquired"] and _own_attempt_died(session, claim):
+    # Not granted: one more try when the holder was this message's own earlier attempt
+    # and it died, or else (as in ``acquire``) when an advisory holder's release may be
+    # in flight, sent without waiting, a round trip later.
+    if not row["acquired"] and (
+        row["own_expires_at"] is None or _own_attempt_died(session, claim, row)
+    ):
         session, row = _try_lock(db, "acquire_rows", params, "session", session)
     granted = verdict(claim, row)
     if isinstance(granted, str):  # the row is held only once the slot is claimed: not now
@@ -144,26 +145,21 @@ def _acquire_on_rows(db: Database, claim: Claim, lease_seconds: float) -> Lease 
     return lease
 
 
-def _own_attempt_died(session: LockSession, claim: Claim) -> bool:
-    """Whether the row holding ``claim``'s lock was this very message's earlier attempt,
-    which died: a redelivery (``acks_late`` after a SIGKILLed pool process) finds it
-    unexpired, since on rows nothing frees a dead holder's lock but its lease. Waits while
-    that row lives unrenewed: True once it expired (the attempt died, the lock is free),
-    False when it was renewed (the attempt lives: the copy is a duplicate) or when another
-    message holds the lock."""
-    if claim.task_id is None:
-        return False
+def _own_attempt_died(session: LockSession, claim: Claim, refused: Row) -> bool:
+    """Whether the row holding ``claim``'s lock, an earlier attempt of this very message
+    (``refused``'s ``own_expires_at``), died: a redelivery (``acks_late`` after a SIGKILLed
+    pool process) finds it unexpired, since on rows nothing frees a dead holder's lock but
+    its lease. Waits while that row lives unrenewed: True once it expired (the attempt
+    died, the lock is free), False when it was renewed (the attempt lives: the copy is a
+    duplicate)."""
     params = {"keys": list(claim.keys or (claim.key,)), "task_id": claim.task_id}
-    first = session.row("own_row_lock", params)
-    if first is None:
-        return False
-    deadline = time.monotonic() + first["seconds_left"] + OWN_ATTEMPT_SLACK
+    deadline = time.monotonic() + refused["own_seconds_left"] + OWN_ATTEMPT_SLACK
     while time.monotonic() < deadline:
         time.sleep(OWN_ATTEMPT_POLL)
         now = session.row("own_row_lock", params)
         if now is None:
             return True
-        if now["expires_at"] != first["expires_at"]:
+        if now["expires_at"] != refused["own_expires_at"]:
             return False
     return True
 

@@ -7,7 +7,9 @@
 -- claim the slot's ledger row as `acquire` does (backend_pid NULL: the attempt is alive
 -- while its token's row is, `run_alive`), and hold the key with a row that expires at the
 -- server's now() + %(lease_s)s, only if the slot was claimed (a lock without a slot,
--- always). Columns as `acquire` returns them, and `expires_at` of the row held.
+-- always). Columns as `acquire` returns them, `expires_at` of the row held, and, when the
+-- lock was not granted, `own_expires_at`/`own_seconds_left` of an unexpired row of this
+-- very task id that holds it (a redelivery's own earlier attempt: locks._own_attempt_died).
 WITH lock AS MATERIALIZED (
     SELECT * FROM {grant_row_lock}(%(keys)s::bigint[], %(slot_lock)s::integer[],
                                    %(lock_name)s, %(slot)s)
@@ -50,15 +52,24 @@ WITH lock AS MATERIALIZED (
             host = EXCLUDED.host, pid = EXCLUDED.pid, token = EXCLUDED.token,
             concurrency = EXCLUDED.concurrency, since = now(), expires_at = EXCLUDED.expires_at
     RETURNING h.expires_at
+), own AS (
+    SELECT h.expires_at, extract(epoch FROM h.expires_at - now())::float8 AS seconds_left
+      FROM {row_locks} h, lock
+     WHERE NOT lock.acquired AND h.lock_key = ANY (%(keys)s::bigint[])
+       AND h.task_id = %(task_id)s AND h.expires_at > now()
+     ORDER BY h.expires_at DESC
+     LIMIT 1
 )
 SELECT lock.acquired, lock.key, lock.token, (SELECT attempts FROM claim) AS attempts,
-       stale.newer_slot, stale.late, (SELECT expires_at FROM held) AS expires_at
+       stale.newer_slot, stale.late, (SELECT expires_at FROM held) AS expires_at,
+       (SELECT expires_at FROM own) AS own_expires_at,
+       (SELECT seconds_left FROM own) AS own_seconds_left
   FROM lock, stale;
 
 -- name: own_row_lock
 -- The unexpired row of %(task_id)s holding one of %(keys)s: a redelivered message's own
--- earlier attempt (see locks._own_attempt_died), with how long it has left.
-SELECT token, expires_at, extract(epoch FROM expires_at - now())::float8 AS seconds_left
+-- earlier attempt, looked at again while it waits (see locks._own_attempt_died).
+SELECT expires_at
   FROM {row_locks}
  WHERE lock_key = ANY (%(keys)s::bigint[]) AND task_id = %(task_id)s AND expires_at > now()
  ORDER BY expires_at DESC
