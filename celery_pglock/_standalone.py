@@ -225,20 +225,20 @@ def make_claim(name: str, slot: str | None, task_name: str | None) -> Claim:
 
 def _acquire(db: Database, claim: Claim, options: LockOptions) -> Lease | Skip:
     lease = options.lease_seconds
+    if not options.wait or options.timeout == 0:  # one try, whose skip names the holder
+        return acquire(db, claim, options.scope, lease)
     deadline = None if options.timeout is None else time.monotonic() + options.timeout
-    if options.wait and options.timeout != 0 and options.scope == "session" and db.on_rows:
+    if options.scope == "session" and db.on_rows:
         return _acquire_polling(db, claim, options, deadline)
-    if options.wait and options.timeout != 0:
-        waited = wait_for_lock(db, claim.key, options)
-        if waited is not None:
-            outcome = acquire(db, claim, options.scope, lease, waited=waited)
-            if isinstance(outcome, Skip) and outcome.reason == "locked":
-                # Held on rows by a process behind a transaction pooler: the server's
-                # lock queue let us through, so wait as a waiter on rows does.
-                return _acquire_polling(db, claim, options, deadline)
-            return outcome
-    # No wait, or the wait ran out: one try, whose skip names the holder.
-    return acquire(db, claim, options.scope, lease)
+    waited = wait_for_lock(db, claim.key, options)
+    if waited is None:  # the wait ran out: one try, whose skip names the holder
+        return acquire(db, claim, options.scope, lease)
+    outcome = acquire(db, claim, options.scope, lease, waited=waited)
+    if isinstance(outcome, Skip) and outcome.reason == "locked":
+        # Held on rows by a process behind a transaction pooler: the server's lock queue
+        # let us through, so wait as a waiter on rows does.
+        return _acquire_polling(db, claim, options, deadline)
+    return outcome
 
 
 def _acquire_polling(

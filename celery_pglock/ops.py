@@ -320,9 +320,10 @@ def force_release(
     key = lock_key(name)
     keys = lock_keys_of(statements, name)
     on_rows = [h for h in found if h["lock_backend"] == "rows"]
-    params = {"keys": keys, "pids": [h["backend_pid"] for h in found if h not in on_rows]}
+    on_sessions = [h for h in found if h["lock_backend"] == "advisory"]
+    params = {"keys": keys, "pids": [h["backend_pid"] for h in on_sessions]}
     ended = {row["backend_pid"] for row in statements.rows("ops_terminate", params)}
-    terminated = [h for h in found if h not in on_rows and h["backend_pid"] in ended]
+    terminated = [h for h in on_sessions if h["backend_pid"] in ended]
     terminated += _release_rows(statements, keys, on_rows)
     done = ForcedRelease(
         name, key, terminated, _wait_released(statements, params, wait), operator()
