@@ -38,6 +38,7 @@ from celery_pglock.beat._entries import entry_lock_name
 from celery_pglock.beat._freshness import FreshnessWatch
 from celery_pglock.beat._leader import LeaderElection
 from celery_pglock.beat._planner import Due, SlotPlanner
+from celery_pglock.beat._producer import declaring_once
 from celery_pglock.beat._row_leader import RowElection
 from celery_pglock.beat._sending import Confirmations, HeldStops, batched
 from celery_pglock.beat._settings import ENTRY_OPTIONS, BeatSettings
@@ -90,6 +91,7 @@ class PgLockSchedulerMixin:
     data: Any
     max_interval: float
     producer: Any
+    Producer: Any  # the producer class (Celery: the app's amqp.Producer)
     schedule: Any
     reserve: Any
     apply_async: Any
@@ -121,6 +123,7 @@ class PgLockSchedulerMixin:
         self._stored = StoredEntries(app, self.pglock_beat.namespace)
         self._seen_schedule: tuple[int, int] | None = None  # the schedule's id and size
         super().__init__(*args, **kwargs)
+        self.Producer = declaring_once(self.Producer)  # no queue copied per message
         self.max_interval = min(self.max_interval, self.pglock_beat.max_interval)
         self._planner = SlotPlanner(self.pglock_beat, self.max_interval)
 
