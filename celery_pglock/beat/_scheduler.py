@@ -361,7 +361,11 @@ class PgLockSchedulerMixin:
         return self._election.verify()
 
     def _publish(self, item: Due) -> bool:
-        entry = self._reserve(item.entry)
+        return self._apply(item, self._reserve(item.entry), self.producer)
+
+    def _apply(self, item: Due, entry: Any, producer: Any) -> bool:
+        """Publish ``entry``'s message for ``item``'s slot through ``producer``; whether
+        it went out (a broker error is logged, its claim left unconfirmed)."""
         headers = {SLOT_HEADER: item.slot, ENTRY_HEADER: entry.name}
         logger.info(
             "Scheduler: Sending due task %s (%s) slot %s",
@@ -372,7 +376,7 @@ class PgLockSchedulerMixin:
         )
         try:
             view = EntryWithHeaders(entry, headers)
-            self.apply_async(view, producer=self.producer, advance=False)
+            self.apply_async(view, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not stop beat
             logger.error(
                 "could not send %s slot %s: %s",

@@ -24,9 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
-from celery_pglock.beat._claims import BeatClaims
 from celery_pglock.beat._planner import Due
 from celery_pglock.errors import PgLockError
 
@@ -91,10 +90,16 @@ class HeldStops:
             signal.signal(signum, handler)
 
 
+class Confirms(Protocol):
+    """Where sends are confirmed: ``BeatClaims`` (the ledger)."""
+
+    def confirm(self, sent: Iterable[Due]) -> None: ...
+
+
 class Confirmations:
     """The messages of one tick sent but not yet confirmed."""
 
-    def __init__(self, claims: BeatClaims, first: Iterable[Due] = ()) -> None:
+    def __init__(self, claims: Confirms, first: Iterable[Due] = ()) -> None:
         self._claims = claims
         self._pending: list[Due] = []
         self._on_broker = 0  # the first of those known to be on the broker (or unsent)
