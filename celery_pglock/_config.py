@@ -65,6 +65,7 @@ APP_DEFAULTS: Mapping[str, Any] = {
     "pglock_beat_max_interval": 1.0,
     "pglock_beat_catch_up": "none",
     "pglock_beat_catch_up_limit": 10,
+    "pglock_beat_senders": 1,  # processes sharing a large tick's sends (forked by the leader)
     "pglock_overdue_after": None,  # seconds after its due time a slot not succeeded is overdue
     # Operations.
     "pglock_ledger_retention": None,

@@ -3,6 +3,7 @@ returns the value or raises a ``ConfigurationError`` naming the option and what 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -168,6 +169,22 @@ def max_retries(value: Any) -> int | None:
             f"{value!r}"
         )
     return value or None
+
+
+def senders_option(value: Any) -> int:
+    """``pglock_beat_senders``: how many processes share a large tick's sends (1: the
+    leader alone); more than one needs ``os.fork``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            "pglock_beat_senders must be an int >= 1 (processes sending a large tick's "
+            f"messages; 1: beat's own process alone), got {value!r}"
+        )
+    if value > 1 and not hasattr(os, "fork"):
+        raise ConfigurationError(
+            f"pglock_beat_senders = {value} forks sender processes, which this platform "
+            "cannot do: set pglock_beat_senders = 1"
+        )
+    return value
 
 
 def positive(value: Any, name: str, kind: type = float) -> Any:

@@ -40,6 +40,7 @@ from celery_pglock.beat._leader import LeaderElection
 from celery_pglock.beat._planner import Due, SlotPlanner
 from celery_pglock.beat._producer import declaring_once
 from celery_pglock.beat._row_leader import RowElection
+from celery_pglock.beat._senders import SHARED_FROM, Sending, send_shared
 from celery_pglock.beat._sending import Confirmations, HeldStops, batched
 from celery_pglock.beat._settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.beat._stored import StoredEntries
@@ -84,6 +85,10 @@ class EntryWithHeaders:
         return getattr(self._entry, name)
 
 
+def _never() -> bool:
+    return False
+
+
 class PgLockSchedulerMixin:
     """Send each (entry, slot) once across replicas; put it before the scheduler class."""
 
@@ -95,6 +100,7 @@ class PgLockSchedulerMixin:
     schedule: Any
     reserve: Any
     apply_async: Any
+    should_sync: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app = kwargs.get("app") or args[0]
@@ -278,7 +284,43 @@ class PgLockSchedulerMixin:
     def _send(self, due: list[Due]) -> None:
         self._freshness.sent(item.entry.name for item in due)  # its next look reads them
         confirmations = Confirmations(self.pglock_claims)
-        self._send_claimed(self._claimed(due, confirmations), confirmations)
+        claims = self._claimed(due, confirmations)
+        if self.pglock_beat.senders > 1 and len(due) >= SHARED_FROM:
+            claims = self._send_shared(claims, confirmations)
+        self._send_claimed(claims, confirmations)
+
+    def _send_shared(self, claims: Iterator[Due], confirmations: Confirmations) -> Iterator[Due]:
+        """Claim, and send by ``pglock_beat_senders`` forked senders (``senders``), a stop
+        held as in ``_send_claimed``; what is left for this process to send (a sender
+        died). A stop finishes the tick by the senders, then is raised here."""
+        try:
+            with HeldStops() as stops:
+                claimed = list(claims)
+                left = send_shared(
+                    claimed, self.pglock_beat.senders, self._sending(), confirmations, stops
+                )
+        except BaseException as exc:
+            confirmations.flush_on_stop(exc)
+            raise
+        sent_here = {id(item) for item in left}
+        for item in claimed:  # the entries' next state, once their messages are out
+            if id(item) not in sent_here:
+                self._reserve(item.entry)
+        return iter(left)
+
+    def _sending(self) -> Sending:
+        return Sending(
+            publish=lambda item, producer: self._apply(item, item.entry, producer),
+            new_producer=self._sender_producer,
+            still_leading=self._still_leading,
+            lease=self.pglock_beat.lease,
+        )
+
+    def _sender_producer(self) -> Any:
+        """In a forked sender: a producer on a broker connection of its own. The schedule
+        is the leader's to sync (``Scheduler.apply_async`` syncs every few minutes)."""
+        self.should_sync = _never
+        return self.Producer(self.app.connection_for_write(), auto_declare=False)
 
     def _claimed(self, due: list[Due], confirmations: Confirmations) -> Iterator[Due]:
         """Claim ``due`` and yield what to send. Drawn by ``_send_claimed`` inside its
@@ -515,4 +557,6 @@ class PgLockScheduler(PgLockSchedulerMixin, Scheduler):  # type: ignore[misc]
     @property
     def info(self) -> str:
         mode = "leader election" if self.pglock_beat.leader_mode else "active-active"
-        return f"    . celery-pglock: {mode}, schema {self.pglock_settings.schema!r}"
+        senders = self.pglock_beat.senders
+        shared = f", {senders} senders for large ticks" if senders > 1 else ""
+        return f"    . celery-pglock: {mode}{shared}, schema {self.pglock_settings.schema!r}"

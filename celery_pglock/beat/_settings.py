@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_pglock._config import Settings, app_settings, namespace_of, setting
-from celery_pglock._values import CatchUp, catch_up_option, overdue_option
+from celery_pglock._values import CatchUp, catch_up_option, overdue_option, senders_option
 from celery_pglock.errors import ConfigurationError
 from celery_pglock.store._connections import HOSTNAME
 
@@ -36,6 +36,7 @@ class BeatSettings:
     catch_up: tuple[CatchUp, int]  # the app's policy and bound
     overdue_after: float | None  # the app's freshness deadline (None: off)
     replica: str  # host:pid, recorded with each claim
+    senders: int = 1  # pglock_beat_senders: processes sharing a large tick's sends
 
     @classmethod
     def from_app(cls, app: Any) -> BeatSettings:
@@ -51,6 +52,7 @@ class BeatSettings:
             catch_up=_catch_up_conf(conf),
             overdue_after=_overdue_conf(conf),
             replica=f"{HOSTNAME}:{os.getpid()}",
+            senders=senders_option(setting(conf, "pglock_beat_senders")),
         )
 
     @property

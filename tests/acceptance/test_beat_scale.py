@@ -33,6 +33,7 @@ import pytest
 import redis
 from psycopg import sql
 
+from celery_pglock.beat._sending import CONFIRM_BATCH
 from tests.acceptance.beat_support import APP, prepared_schema
 from tests.apps.harness import app_env
 from tests.fixtures.procs import Proc, Procs, wait_until
@@ -248,12 +249,16 @@ class Queue:
         return str(json.loads(oldest)["headers"]["pglock_slot"])
 
 
-@pytest.fixture
-def unconsumed(pg_dsn: str, redis_url: str, procs: Procs) -> Iterator[tuple[Lab, Queue]]:
-    """Two beat replicas and 1,000 entries due at once; no worker: the queue keeps all."""
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-senders"])
+def unconsumed(
+    pg_dsn: str, redis_url: str, procs: Procs, request: pytest.FixtureRequest
+) -> Iterator[tuple[Lab, Queue]]:
+    """Two beat replicas and 1,000 entries due at once; no worker: the queue keeps all.
+    Each beat sends alone, or by two forked senders (``pglock_beat_senders = 2``)."""
     client = redis.Redis.from_url(redis_url)
     with prepared_schema(pg_dsn, "stop") as schema:
         env = entries_env(pg_dsn, schema, redis_url, STOP_ENTRIES)
+        env["TEST_BEAT_SENDERS"] = str(request.param)
         beats = [
             procs.celery(APP, "beat", "--loglevel=INFO", env=env, name=f"beat{n}") for n in range(2)
         ]
@@ -309,3 +314,61 @@ def test_a_leader_stopped_right_after_a_batch_reached_the_broker_sends_each_clai
     assert (STOP_ENTRIES, 0) == (len(sends), doubles), {e: n for e, n in sends.items() if n > 1}
     [(_, claims, confirmed, _)] = lab.claims(slot)
     assert STOP_ENTRIES == claims == confirmed
+
+
+def senders_of(pid: int) -> set[int]:
+    """The child processes of ``pid`` (a leader's senders while it shares a tick)."""
+    tasks = f"/proc/{pid}/task"
+    found: set[int] = set()
+    for task in os.listdir(tasks):
+        with open(f"{tasks}/{task}/children") as children:
+            found.update(int(child) for child in children.read().split())
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("unconsumed", [2], ids=["two-senders"], indirect=True)
+def test_a_leader_killed_while_its_senders_send_takes_them_with_it(
+    unconsumed: tuple[Lab, Queue],
+) -> None:
+    """SIGKILL the leader while its two senders are sending: they die with it (none goes
+    on sending for a leader that is gone), and the standby, leading, sends every claim of
+    the slot; what the senders had on the broker unconfirmed, at most a batch each, is
+    there twice (the workers skip those copies)."""
+    lab, queue = unconsumed
+
+    def sharing() -> tuple[Proc, set[int]] | None:
+        lab.check_alive()
+        for beat in lab.beats:
+            senders = senders_of(beat.pid) if queue.length() else set()
+            if senders:
+                return beat, senders
+        return None
+
+    found = wait_until(sharing, timeout=START_TIMEOUT, interval=0.0005, message="senders")
+    assert found is not None
+    leader, senders = found
+    os.kill(leader.pid, signal.SIGKILL)
+    slot = queue.first_slot()
+    wait_until(
+        lambda: not any(alive(pid) for pid in senders), timeout=LEASE, message="senders gone"
+    )
+
+    def all_on_broker() -> bool:
+        lab.check_alive(killed=leader)
+        return len(queue.slot_sends(slot)) == STOP_ENTRIES
+
+    bound = LEASE + MARGIN + STOP_ENTRIES * SEND_ALLOWANCE
+    wait_until(all_on_broker, timeout=bound, interval=0.05, message="every claim sent")
+    sends = queue.slot_sends(slot)
+    doubles = sum(n - 1 for n in sends.values())
+    print(f"\nSIGKILL of a leader sharing its tick: slot {slot}: doubles on the queue: {doubles}")
+    assert doubles <= 2 * CONFIRM_BATCH, doubles
+    wait_until(lambda: lab.claims(slot)[0][2] == STOP_ENTRIES, timeout=bound, message="confirmed")

@@ -6,7 +6,8 @@ Configured from the environment (see ``app_env`` in tests/apps/harness.py):
   so tests sharing a broker never see each other's messages);
 - ``PGLOCK_DSN`` and ``TEST_SCHEMA`` (the test's own schema: our tables and ``executions``);
 - ``TEST_ACKS_LATE`` ("1"), ``TEST_LEASE`` (seconds), ``TEST_BEAT_EVERY`` (seconds: one
-  interval entry ``tick``), ``TEST_BEAT_LEADER`` ("0" = active-active), ``TEST_BEAT_LEASE``;
+  interval entry ``tick``), ``TEST_BEAT_LEADER`` ("0" = active-active), ``TEST_BEAT_LEASE``,
+  ``TEST_BEAT_SENDERS`` (``pglock_beat_senders``);
 - ``TEST_NAMESPACE`` (optional ``pglock_namespace``: lock names are database-wide);
 - ``TEST_BEAT_ENTRIES`` (instead: that many entries ``e00000``… of ``testapp.scale_tick``,
   every ``TEST_BEAT_ENTRIES_EVERY`` seconds, default 10: all due at once);
@@ -64,6 +65,7 @@ app.conf.update(
     pglock_lease=float(ENV.get("TEST_LEASE", "30")),
     pglock_beat_leader=ENV.get("TEST_BEAT_LEADER", "1") == "1",
     pglock_beat_lease=float(ENV.get("TEST_BEAT_LEASE", "5")),
+    pglock_beat_senders=int(ENV.get("TEST_BEAT_SENDERS", "1")),
     beat_scheduler=ENV.get("TEST_BEAT_SCHEDULER", "celery_pglock.beat:PgLockScheduler"),
 )
 if ENV.get("TEST_NAMESPACE"):

@@ -30,7 +30,7 @@ from celery_pglock.beat import _planner as planner_module
 from celery_pglock.beat import _scheduler as scheduler_module
 from celery_pglock.beat._claims import BeatClaims
 from celery_pglock.beat._scheduler import EntryWithHeaders
-from celery_pglock.errors import DatabaseUnavailable, SessionGone
+from celery_pglock.errors import ConfigurationError, DatabaseUnavailable, SessionGone
 
 UTC = timezone.utc
 START = datetime(2026, 3, 29, 0, 58, 0, 400000, UTC)  # an hour before Berlin springs forward
@@ -633,3 +633,15 @@ def test_the_leader_steps_down_when_its_session_ended_not_when_a_statement_deadl
         scheduler._run_query("beat_claim", {})
 
     assert steps_down == bool(election.stepped_down)
+
+
+def test_beat_s_banner_says_how_many_senders_share_a_large_tick(app: Celery) -> None:
+    assert "senders" not in PgLockScheduler(app=app).info
+    app.conf.pglock_beat_senders = 2
+    assert ", 2 senders for large ticks," in PgLockScheduler(app=app).info
+
+
+def test_beat_refuses_a_pglock_beat_senders_that_is_not_a_count(app: Celery) -> None:
+    app.conf.pglock_beat_senders = "2"
+    with pytest.raises(ConfigurationError, match="pglock_beat_senders must be an int >= 1"):
+        PgLockScheduler(app=app)
