@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from celery_pglock import _keys as keys
 from celery_pglock import signals
@@ -241,3 +243,42 @@ def test_lock_held_by_another_process_is_seen_as_locked(
     pg_conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(job),))
     lease = lease_within(db, claim(job, SLOT), timeout=5, message="the lock to be free")
     release(db, lease, SUCCEEDED)
+
+
+@pytest.mark.xfail(strict=True, reason="schema 12 labels the holder after the grant")
+def test_a_holder_is_labelled_before_it_takes_its_lock(db: Database, pg_conn: Conn) -> None:
+    """A message refused while the holder's grant is still running names the holder from
+    its session's label (its holder row is not committed yet). Seen in make test: the
+    label came after the grant (and its look at ``row_locks``), and a SKIPPED result
+    named no holder. The window lies inside one function call, which nothing outside can
+    pause, so the installed function's order is what is pinned here."""
+    grant_lock = db.settings.tables.table("grant_lock").as_string(pg_conn)
+    [(body,)] = pg_conn.execute(
+        "SELECT pg_get_functiondef(%s::regprocedure)",
+        (
+            f"{grant_lock}(bigint[], integer[], boolean, text, text, text, text, text, text, "
+            "integer, integer)",
+        ),
+    ).fetchall()
+    label = body.index("label_session")
+    assert label < body.index("try_lock_any"), body
+    assert label < body.index("pg_try_advisory"), body
+
+
+def test_a_refused_grant_leaves_the_session_s_label_as_it_was(
+    db: Database, pg_dsn: str, job: str
+) -> None:
+    lease = granted(acquire(db, claim(job, SLOT), "session", None))
+    grant_lock = db.settings.tables.table("grant_lock")
+    with psycopg.connect(pg_dsn, autocommit=True) as other:
+        other.execute("SET application_name = 'an idle session'")
+        other.execute(
+            sql.SQL(
+                "SELECT * FROM {}(%s, NULL, false, NULL, 'pglock 1 refused host', %s, %s, "
+                "'refused', 'host', 1, 1)"
+            ).format(grant_lock),
+            ([lock_key(job)], job, SLOT),
+        ).fetchall()
+        [(label,)] = other.execute("SELECT current_setting('application_name')").fetchall()
+    assert "an idle session" == label
+    assert not release(db, lease, SUCCEEDED).lost
