@@ -245,7 +245,6 @@ def test_lock_held_by_another_process_is_seen_as_locked(
     release(db, lease, SUCCEEDED)
 
 
-@pytest.mark.xfail(strict=True, reason="schema 12 labels the holder after the grant")
 def test_a_holder_is_labelled_before_it_takes_its_lock(db: Database, pg_conn: Conn) -> None:
     """A message refused while the holder's grant is still running names the holder from
     its session's label (its holder row is not committed yet). Seen in make test: the
