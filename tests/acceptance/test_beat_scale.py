@@ -118,14 +118,16 @@ class Lab:
                 raise AssertionError(f"{proc!r} exited:\n{proc.log_tail()}")
 
 
-def entries_env(pg_dsn: str, schema: str, redis_url: str, entries: int) -> dict[str, str]:
+def entries_env(
+    pg_dsn: str, schema: str, redis_url: str, entries: int, every: float = EVERY
+) -> dict[str, str]:
     """The test app's environment with ``entries`` interval entries, all due at once."""
     return app_env(
         pg_dsn=pg_dsn,
         schema=schema,
         broker_url=redis_url,
         TEST_BEAT_ENTRIES=entries,
-        TEST_BEAT_ENTRIES_EVERY=EVERY,
+        TEST_BEAT_ENTRIES_EVERY=every,
         TEST_BEAT_LEASE=LEASE,
     )
 
@@ -221,6 +223,8 @@ def test_every_claim_of_a_tick_cut_short_is_sent_within_the_lease_and_runs_once(
 
 # Four batches of sending.CONFIRM_BATCH; PGLOCK_BEAT_STOP_ENTRIES=10000 at the issue's scale.
 STOP_ENTRIES = int(os.environ.get("PGLOCK_BEAT_STOP_ENTRIES", "1000"))
+# Seconds between two slots there: no worker runs them, so the next slot comes sooner.
+STOP_EVERY = max(4.0, STOP_ENTRIES / 1000)
 
 
 @dataclass
@@ -257,7 +261,7 @@ def unconsumed(
     Each beat sends alone, or by two forked senders (``pglock_beat_senders = 2``)."""
     client = redis.Redis.from_url(redis_url)
     with prepared_schema(pg_dsn, "stop") as schema:
-        env = entries_env(pg_dsn, schema, redis_url, STOP_ENTRIES)
+        env = entries_env(pg_dsn, schema, redis_url, STOP_ENTRIES, STOP_EVERY)
         env["TEST_BEAT_SENDERS"] = str(request.param)
         beats = [
             procs.celery(APP, "beat", "--loglevel=INFO", env=env, name=f"beat{n}") for n in range(2)
@@ -304,7 +308,7 @@ def test_a_leader_stopped_right_after_a_batch_reached_the_broker_sends_each_clai
         newest = lab.claims()[0]
         return newest[0] > slot and newest[3].endswith(f":{standby.pid}")
 
-    wait_until(taken_over, timeout=EVERY + LEASE + MARGIN, message="the standby leading")
+    wait_until(taken_over, timeout=STOP_EVERY + LEASE + MARGIN, message="the standby leading")
     sends = queue.slot_sends(slot)
     doubles = sum(n - 1 for n in sends.values())
     print(
