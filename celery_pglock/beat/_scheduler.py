@@ -8,7 +8,8 @@ line and exit status 1. Every later tick, in order: a standby sends nothing; the
 stored in PostgreSQL (``stored``), asks the planner for the due slots (``planner``),
 claims all of them in one round trip (``claims``), and publishes only what it claimed,
 with the slot in the ``pglock_slot`` header, confirming the sends in small batches as
-they go (``sending``); then it re-sends claims never confirmed, sweeps rows dead attempts
+they go (``sending``; a large tick by forked senders with ``pglock_beat_senders``:
+``senders``); then it re-sends claims never confirmed, sweeps rows dead attempts
 left running, and prunes the ledger (``retention``). A new leader first re-sends, at
 once, every claim a stopped or dead leader left unconfirmed. Stopped mid-tick (SIGTERM:
 Celery's handler closes the scheduler and raises SystemExit inside the tick, held till the
