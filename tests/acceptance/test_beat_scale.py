@@ -36,7 +36,7 @@ from psycopg import sql
 from celery_pglock.beat._sending import CONFIRM_BATCH
 from tests.acceptance.beat_support import APP, prepared_schema
 from tests.apps.harness import app_env
-from tests.fixtures.procs import Proc, Procs, wait_until
+from tests.fixtures.procs import Proc, Procs, children_of, wait_until
 
 # Run alone (serial): 2,000 entries due at once and a worker running them all. Its one bound
 # is a guarantee, not a speed: after a leader kill or stop every claimed slot is on the broker
@@ -320,16 +320,6 @@ def test_a_leader_stopped_right_after_a_batch_reached_the_broker_sends_each_clai
     assert STOP_ENTRIES == claims == confirmed
 
 
-def senders_of(pid: int) -> set[int]:
-    """The child processes of ``pid`` (a leader's senders while it shares a tick)."""
-    tasks = f"/proc/{pid}/task"
-    found: set[int] = set()
-    for task in os.listdir(tasks):
-        with open(f"{tasks}/{task}/children") as children:
-            found.update(int(child) for child in children.read().split())
-    return found
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -351,7 +341,7 @@ def test_a_leader_killed_while_its_senders_send_takes_them_with_it(
     def sharing() -> tuple[Proc, set[int]] | None:
         lab.check_alive()
         for beat in lab.beats:
-            senders = senders_of(beat.pid) if queue.length() else set()
+            senders = children_of(beat.pid) if queue.length() else set()
             if senders:
                 return beat, senders
         return None

@@ -9,28 +9,24 @@ processes forked from it, found and killed as an operator would (``/proc``, SIGK
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import redis
 from celery import Celery
-from psycopg import sql
 
 from celery_pglock.beat import PgLockScheduler
 from celery_pglock.beat._sending import CONFIRM_BATCH
-from celery_pglock.schema import Tables
 from celery_pglock.store._database import close_all
-from tests.fixtures.procs import wait_until
+from tests.fixtures.procs import children_of, wait_until
+from tests.integration.beat_sends import claims, messages
 
 pytestmark = [
     pytest.mark.integration,
@@ -71,26 +67,7 @@ def lab(pg_dsn: str, pglock_schema: str, redis_url: str) -> Iterator[dict[str, A
 
 def children() -> list[int]:
     """This process's child processes (the senders while a tick is shared)."""
-    tasks = Path(f"/proc/{os.getpid()}/task")
-    return [int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()]
-
-
-def claims(dsn: str, schema: str, namespace: str) -> dict[tuple[str, str], bool]:
-    """(entry, slot) -> confirmed, for every claim of the namespace."""
-    query = sql.SQL("SELECT entry, slot, sent_at IS NOT NULL FROM {} WHERE namespace = %s")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        table = Tables(schema).table("beat_sends")
-        rows = conn.execute(query.format(table), [namespace]).fetchall()
-    return {(entry, slot): confirmed for entry, slot, confirmed in rows}
-
-
-def messages(client: redis.Redis, queue: str) -> Counter[tuple[str, str]]:
-    """(entry, slot) -> how many messages the broker holds for it."""
-    found: Counter[tuple[str, str]] = Counter()
-    for raw in client.lrange(queue, 0, -1):
-        headers = json.loads(raw)["headers"]
-        found[(headers["pglock_entry"], headers["pglock_slot"])] += 1
-    return found
+    return sorted(children_of(os.getpid()))
 
 
 def tick_until_sent(scheduler: PgLockScheduler, found: Any) -> None:

@@ -10,22 +10,18 @@ and a real Redis broker (messages counted on the queue). The leader is stopped t
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 import redis
 from celery import Celery
-from psycopg import sql
 
 from celery_pglock.beat import PgLockScheduler
-from celery_pglock.schema import Tables
 from celery_pglock.store._database import close_all
 from tests.fixtures.procs import wait_until
+from tests.integration.beat_sends import claims, messages
 
 pytestmark = pytest.mark.integration
 
@@ -79,24 +75,6 @@ def stop_like_sigterm_after(scheduler: Any, *counts: int) -> None:
         return result
 
     scheduler.apply_async = apply_async
-
-
-def claims(dsn: str, schema: str, namespace: str) -> dict[tuple[str, str], bool]:
-    """(entry, slot) -> confirmed, for every claim of the namespace."""
-    query = sql.SQL("SELECT entry, slot, sent_at IS NOT NULL FROM {} WHERE namespace = %s")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        table = Tables(schema).table("beat_sends")
-        rows = conn.execute(query.format(table), [namespace]).fetchall()
-    return {(entry, slot): confirmed for entry, slot, confirmed in rows}
-
-
-def messages(client: redis.Redis, queue: str) -> Counter[tuple[str, str]]:
-    """(entry, slot) -> how many messages the broker holds for it."""
-    found: Counter[tuple[str, str]] = Counter()
-    for raw in client.lrange(queue, 0, -1):
-        headers = json.loads(raw)["headers"]
-        found[(headers["pglock_entry"], headers["pglock_slot"])] += 1
-    return found
 
 
 def stop_mid_tick(app: Celery, *counts: int) -> None:

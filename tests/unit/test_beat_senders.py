@@ -11,7 +11,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +21,7 @@ from celery_pglock.beat._planner import Due
 from celery_pglock.beat._senders import Sending, send_shared
 from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops
 from celery_pglock.errors import ConfigurationError
+from tests.fixtures.procs import children_of
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="senders are forked")
 
@@ -63,9 +63,7 @@ def sending(
 
 
 def children() -> set[int]:
-    """This process's child processes, live or not yet reaped (Linux)."""
-    tasks = Path(f"/proc/{os.getpid()}/task")
-    return {int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+    return children_of(os.getpid())
 
 
 @pytest.fixture
