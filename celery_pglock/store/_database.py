@@ -412,8 +412,11 @@ def close_all() -> None:
 def _forget_inherited_pools() -> None:
     # Runs in the child right after fork: keep the parent's pools alive but unused. A
     # prefork child (or beat forked by `worker -B`) runs one task at a time: it does not
-    # take the size its parent set for tasks running as threads or greenlets.
-    global _worker_pool_size  # noqa: PLW0603
+    # take the size its parent set for tasks running as threads or greenlets. The lock is
+    # a new one: another thread of the parent may have held it at the fork, and that
+    # thread does not exist here to let it go.
+    global _worker_pool_size, _pools_lock  # noqa: PLW0603
+    _pools_lock = threading.Lock()
     _abandoned.extend(_pools.values())
     _pools.clear()
     _worker_pool_size = None

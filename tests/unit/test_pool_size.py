@@ -108,7 +108,6 @@ HELD_AT_FORK = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(strict=True, reason="the child inherits the lock as held")
 def test_a_child_forked_while_another_thread_looks_up_a_pool_can_look_up_its_own() -> None:
     """The pools' lock held by another thread at the fork (a heartbeat, beat's election):
     the child (a prefork child, one of beat's senders) has a free lock of its own, not a
