@@ -42,6 +42,10 @@ logger = logging.getLogger("celery_pglock.beat")
 SHARED_FROM = 2 * CONFIRM_BATCH  # claims in a tick before senders are forked for it
 STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader lets its senders go on
 LOOK_EVERY = 0.1  # seconds between two looks at leadership and stops while senders send
+# Seconds a sender may go without reporting a batch before the leader kills it and sends
+# its share itself: a batch takes milliseconds; kombu's retries on a broker that does not
+# answer take seconds; a sender stuck for good would hold the tick for ever.
+SILENT_FOR = 30.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent thread dies
 
 
@@ -65,6 +69,7 @@ class _Sender:
     acks: int  # the pipe the leader confirms them on (write end)
     reported: set[int] = field(default_factory=set)
     pending: bytes = b""
+    heard: float = field(default_factory=time.monotonic)  # its last report, or its start
 
     def batches(self, chunk: bytes) -> list[list[Due]]:
         """The batches whole in what was read so far (a line of indices each)."""
@@ -148,6 +153,11 @@ def _confirm_reports(
             return []
         if now - checked_at >= sending.lease / 3:
             checked_at = now
+        for fd, sender in list(live.items()):
+            if now - sender.heard > SILENT_FOR:
+                pipes.unregister(fd)
+                del live[fd]
+                left.extend(_silenced(sender, now - sender.heard))
         for key, _ in pipes.select(LOOK_EVERY):
             sender = live[key.fd]
             chunk = os.read(key.fd, 1 << 16)
@@ -156,6 +166,7 @@ def _confirm_reports(
                 del live[key.fd]
                 left.extend(_exited(sender))
                 continue
+            sender.heard = time.monotonic()
             for batch in sender.batches(chunk):
                 confirmations.recorded(batch)  # on the broker: confirmed now
                 confirmations.flush()
@@ -182,16 +193,30 @@ def _exited(sender: _Sender) -> list[Due]:
     return unsent
 
 
+def _silenced(sender: _Sender, silent: float) -> list[Due]:
+    """A sender that reported nothing for ``silent`` s: killed; its unreported claims."""
+    _end(sender)
+    unsent = sender.unreported()
+    logger.warning(
+        "a beat sender sent nothing for %.0f s: killed; its %d unreported message(s) are sent here",
+        silent,
+        len(unsent),
+        extra={"action": "pglock_beat_sender_died"},
+    )
+    return unsent
+
+
 def _end(sender: _Sender) -> None:
-    """Kill the sender if it still runs, reap it, close its pipes."""
+    """Kill the sender if it still runs, reap it, close its pipes (once)."""
     if sender.pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(sender.pid, signal.SIGKILL)
         os.waitpid(sender.pid, 0)
         sender.pid = 0
     for fd in (sender.reports, sender.acks):
-        with contextlib.suppress(OSError):
+        if fd >= 0:
             os.close(fd)
+    sender.reports = sender.acks = -1
 
 
 def _fork(share: list[Due], sending: Sending, siblings: list[int]) -> _Sender | None:

@@ -7,6 +7,7 @@ acceptance tests send through Redis and confirm in PostgreSQL.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from celery_pglock._values import senders_option
 from celery_pglock.beat._planner import Due
+from celery_pglock.beat import _senders as senders_module
 from celery_pglock.beat._senders import Sending, send_shared
 from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops
 from celery_pglock.errors import ConfigurationError
@@ -140,6 +142,30 @@ def test_a_sender_that_dies_while_its_batch_is_confirmed_is_not_an_error() -> No
         ledger.confirmed() + [item.entry.name for item in left]
     )
     assert len(ledger.batches[0]) == CONFIRM_BATCH
+    assert not children()
+
+
+def test_a_sender_stuck_for_good_is_killed_and_its_share_left_to_the_leader(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sender that reports nothing for SILENT_FOR (stuck: a lock it inherited held, a
+    broker that never answers) does not hold the tick for ever: the leader kills it and
+    sends what it had not reported."""
+    monkeypatch.setattr(senders_module, "SILENT_FOR", 0.5)
+    ledger = Ledger()
+    items = claims()
+
+    def stuck(item: Due, producer: Any) -> bool:
+        if item is items[1]:  # sender 1's first claim
+            time.sleep(3600)
+        return True
+
+    with caplog.at_level(logging.WARNING, logger="celery_pglock.beat"):
+        left = share(ledger, items, sending(stuck))
+
+    assert items[1::2] == left
+    assert sorted(item.entry.name for item in items[::2]) == sorted(ledger.confirmed())
+    assert any("sent nothing for" in r.getMessage() for r in caplog.records)
     assert not children()
 
 
