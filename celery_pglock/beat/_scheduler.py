@@ -42,7 +42,7 @@ from celery_pglock.beat._planner import Due, SlotPlanner
 from celery_pglock.beat._producer import declaring_once
 from celery_pglock.beat._row_leader import RowElection
 from celery_pglock.beat._senders import SHARED_FROM, Sending, send_shared
-from celery_pglock.beat._sending import Confirmations, HeldStops, batched
+from celery_pglock.beat._sending import STOP_FINISH_WITHIN, Confirmations, HeldStops, batched
 from celery_pglock.beat._settings import ENTRY_OPTIONS, BeatSettings
 from celery_pglock.beat._stored import StoredEntries
 from celery_pglock.errors import (
@@ -65,7 +65,6 @@ REGISTER_EVERY = 60.0  # seconds between two refreshes of the tasks our entries 
 # Seconds between two looks at the stored entries' changes (one number read): every tick
 # at pglock_beat_max_interval = 1, ticks a second apart give or take.
 ENTRY_CHECK_EVERY = 0.5
-STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader goes on sending its tick's claims
 
 
 class EntryWithHeaders:

@@ -35,12 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from celery_pglock.beat._planner import Due
-from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops, batched
+from celery_pglock.beat._sending import (
+    CONFIRM_BATCH,
+    STOP_FINISH_WITHIN,
+    Confirmations,
+    HeldStops,
+    batched,
+)
 
 logger = logging.getLogger("celery_pglock.beat")
 
 SHARED_FROM = 2 * CONFIRM_BATCH  # claims in a tick before senders are forked for it
-STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader lets its senders go on
 LOOK_EVERY = 0.1  # seconds between two looks at leadership and stops while senders send
 # Seconds a sender may go without reporting a batch before the leader kills it and sends
 # its share itself: a batch takes milliseconds; kombu's retries on a broker that does not

@@ -33,6 +33,7 @@ logger = logging.getLogger("celery_pglock.beat")
 
 CONFIRM_BATCH = 250  # messages confirmed in one round trip
 CONFIRM_EVERY = 0.25  # seconds a sent message waits for its confirmation at most (while sending)
+STOP_FINISH_WITHIN = 5.0  # seconds a stopped leader goes on sending its tick's claims
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # Celery's beat handler: close, SystemExit
 
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from celery_pglock._values import senders_option
-from celery_pglock.beat._planner import Due
 from celery_pglock.beat import _senders as senders_module
+from celery_pglock.beat._planner import Due
 from celery_pglock.beat._senders import Sending, send_shared
 from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops
 from celery_pglock.errors import ConfigurationError
