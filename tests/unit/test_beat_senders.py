@@ -22,7 +22,7 @@ from celery_pglock.beat import _senders as senders_module
 from celery_pglock.beat._planner import Due
 from celery_pglock.beat._senders import Sending, send_shared
 from celery_pglock.beat._sending import CONFIRM_BATCH, Confirmations, HeldStops
-from celery_pglock.errors import ConfigurationError
+from celery_pglock.errors import ConfigurationError, SessionGone
 from tests.fixtures.procs import children_of
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="senders are forked")
@@ -181,6 +181,29 @@ def test_a_sender_whose_sends_failed_leaves_them_unconfirmed_and_not_to_the_lead
     assert [] == left
     assert len(ledger.confirmed()) == CLAIMS - 2
     assert not refused & set(ledger.confirmed())
+
+
+def test_postgresql_lost_mid_tick_kills_the_senders_and_reaches_the_tick() -> None:
+    """A confirmation fails (PostgreSQL restarted, the leader's session gone): the senders
+    are killed at once, and the error reaches the tick as it does without senders (the
+    claims left unconfirmed are the next leader's)."""
+
+    class FailingLedger(Ledger):
+        def confirm(self, sent: Iterable[Due]) -> None:
+            if self.batches:
+                raise SessionGone("the session with PostgreSQL ended")
+            super().confirm(sent)
+
+    def slow(item: Due, producer: Any) -> bool:
+        time.sleep(0.001)
+        return True
+
+    ledger = FailingLedger()
+    with pytest.raises(SessionGone):
+        share(ledger, claims(), sending(slow))
+
+    assert 1 == len(ledger.batches)
+    assert not children()
 
 
 def test_leadership_lost_kills_the_senders_and_leaves_the_rest_to_the_next_leader() -> None:
