@@ -1,6 +1,6 @@
 """A tick's sends shared among sender processes forked from beat (``pglock_beat_senders``).
 
-One process publishes about 5,000 messages a second on two cores, most of it Celery's own
+One process publishes about 4,000 messages a second on two cores, most of it Celery's own
 publish (docs/benchmarks.md, section 15): 10,000 entries due at once take it 2.4 to 2.8 s.
 With ``pglock_beat_senders = N`` the leader claims a large tick's slots as ever, then forks
 N senders, each with every N-th claim. A sender publishes its share through a broker
